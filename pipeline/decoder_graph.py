@@ -1,0 +1,139 @@
+"""A Hugging Face causal LM wrapped to the specrt decoder contract, and its ONNX export.
+
+    input_ids, position_ids ──► HF decoder (past from the runtime's cache, custom 4D masks) ──► logits
+    attention_bias ──┬──────────────────────────► full-attention layers          └──► hidden_states
+                     └─ sliding_bias(window) ──► sliding-window layers    present K/V (new slots only)
+
+The contract (tensor names, shapes, layouts) lives in ``specrt.contract``; this module only
+implements it with torch. Sliding-window layers get the bias with every key further than the
+window masked too, computed in the graph from ``position_ids`` and the cache invariant "slot j
+holds position j", so one bias input stays exact on prompts longer than the window.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import torch
+from torch import nn
+from transformers import PreTrainedModel
+from transformers.cache_utils import DynamicCache
+
+from specrt import contract
+from specrt.manifest import ModelDims
+
+log = logging.getLogger(__name__)
+
+SUPPORTED_LAYER_TYPES = ("full_attention", "sliding_attention")
+
+
+def model_dims(model: PreTrainedModel, max_context: int) -> ModelDims:
+    cfg = model.config
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    return ModelDims(
+        num_layers=cfg.num_hidden_layers,
+        kv_heads=cfg.num_key_value_heads,
+        head_dim=head_dim,
+        hidden=cfg.hidden_size,
+        vocab=cfg.vocab_size,
+        max_context=max_context,
+    )
+
+
+def sliding_bias(attention_bias: torch.Tensor, position_ids: torch.Tensor, window: int) -> torch.Tensor:
+    """attention_bias [1, 1, s, past + s] with keys ``window`` or more positions behind the query masked.
+
+    HF's rule (masking_utils.sliding_window_overlay): key k is visible from query q iff k > q - window.
+    """
+    s = position_ids.shape[1]
+    past = attention_bias.shape[3] - s
+    key_pos = torch.cat([torch.arange(past, device=position_ids.device), position_ids[0]])  # [past + s]
+    too_far = (position_ids[0][:, None] - key_pos[None, :]) >= window  # [s, past + s]
+    return torch.where(too_far[None, None], torch.full_like(attention_bias, contract.MASK_VALUE), attention_bias)
+
+
+class DecoderForExport(nn.Module):
+    """``forward(input_ids, position_ids, attention_bias, *past)`` per ``specrt.contract``.
+
+    past: num_layers pairs (key, value), each [1, past, kv_heads, head_dim].
+    Returns (logits [1, s, vocab], key_0, value_0, ..., hidden_states [1, s, hidden]); the K/V
+    returned cover the s new positions only.
+    """
+
+    def __init__(self, model: PreTrainedModel):
+        super().__init__()
+        self.model = model
+        cfg = model.config
+        self.layer_types = getattr(cfg, "layer_types", None)
+        unknown = set(self.layer_types or ()) - set(SUPPORTED_LAYER_TYPES)
+        if unknown:
+            raise ValueError(f"{cfg.model_type}: layer types {sorted(unknown)} are not supported by the exporter")
+        self.window = getattr(cfg, "sliding_window", None)
+        if "sliding_attention" in (self.layer_types or ()) and not self.window:
+            raise ValueError(f"{cfg.model_type}: sliding_attention layers but no sliding_window in the config")
+        self.softcap = getattr(cfg, "final_logit_softcapping", None)
+
+    def _masks(self, attention_bias: torch.Tensor, position_ids: torch.Tensor):
+        if self.layer_types is None:  # architectures without per-layer types (llama): one mask
+            return attention_bias
+        masks = {"full_attention": attention_bias}
+        if "sliding_attention" in self.layer_types:
+            masks["sliding_attention"] = sliding_bias(attention_bias, position_ids, self.window)
+        return masks
+
+    def forward(self, input_ids, position_ids, attention_bias, *past):
+        num_layers = len(past) // 2
+        past_len = past[0].shape[1]
+        # runtime layout [1, t, kv, d] -> HF layout [1, kv, t, d]
+        cache = DynamicCache(
+            ddp_cache_data=[(past[2 * i].transpose(1, 2), past[2 * i + 1].transpose(1, 2)) for i in range(num_layers)]
+        )
+        out = self.model.model(
+            input_ids=input_ids,
+            position_ids=position_ids,
+            attention_mask=self._masks(attention_bias, position_ids),
+            cache=cache,
+            use_cache=True,
+        )
+        hidden = out.last_hidden_state
+        logits = self.model.lm_head(hidden)
+        if self.softcap is not None:
+            logits = torch.tanh(logits / self.softcap) * self.softcap
+        present = []
+        for layer in cache.layers:
+            present += [layer.keys[:, :, past_len:].transpose(1, 2), layer.values[:, :, past_len:].transpose(1, 2)]
+        return (logits, *present, hidden)
+
+
+def example_inputs(dims: ModelDims, s: int = 3, past: int = 5) -> tuple[torch.Tensor, ...]:
+    """Inputs of the contract's shapes (a chain of s tokens after past cached ones)."""
+    ids = torch.randint(0, dims.vocab, (1, s))
+    pos = torch.arange(past, past + s)[None]
+    bias = torch.zeros(1, 1, s, past + s)
+    bias[0, 0, :, past:] = torch.triu(torch.full((s, s), contract.MASK_VALUE), diagonal=1)
+    kv = [torch.randn(1, past, dims.kv_heads, dims.head_dim) for _ in range(2 * dims.num_layers)]
+    return (ids, pos, bias, *kv)
+
+
+def export_onnx(model: PreTrainedModel, dims: ModelDims, path: Path, opset: int) -> None:
+    """Export ``model`` to ``path`` (+ ``path.data``, external weights) per ``specrt.contract``."""
+    inputs, outputs = contract.io_table(dims.num_layers, dims.kv_heads, dims.head_dim, dims.hidden, dims.vocab)
+    s, past = torch.export.Dim("s", min=1, max=dims.max_context), torch.export.Dim("past", min=0, max=dims.max_context)
+    # the varargs `*past` form one tuple in the signature, hence the nested tuple
+    dynamic = ({1: s}, {1: s}, {2: s, 3: torch.export.Dim.AUTO}, tuple({1: past} for _ in range(2 * dims.num_layers)))
+    wrapper = DecoderForExport(model.eval())
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with torch.no_grad():
+        program = torch.onnx.export(
+            wrapper,
+            example_inputs(dims),
+            input_names=[t.name for t in inputs],
+            output_names=[t.name for t in outputs],
+            dynamic_shapes=dynamic,
+            opset_version=opset,
+            dynamo=True,
+            optimize=True,
+        )
+    program.save(str(path), external_data=True)
+    log.info("exported %s (%d inputs, %d outputs)", path, len(inputs), len(outputs))

@@ -1,0 +1,215 @@
+"""Stage ``export``: a Hugging Face checkpoint -> an fp32 specrt artifact folder, checked against torch.
+
+    python -m pipeline.export --hf artifacts/M/hf --out artifacts/M/fp32 --name M \\
+        --parity-text ../shared/data/specbench/question.jsonl --params params.yaml
+
+Writes ``decoder.onnx`` (+ ``decoder.onnx.data``), ``tokenizer.json`` and ``manifest.json`` into
+``--out``; fails (exit 1) if the ONNX logits differ from torch's beyond the tolerance, on a prompt
+longer than any sliding window, for a chain and for a tree verify window.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import json
+import logging
+import shutil
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import yaml
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+
+from specrt import contract
+from specrt.backend import OrtDecoder
+from specrt.manifest import MANIFEST_NAME, ChatTemplate, Manifest, file_entry
+
+from .decoder_graph import export_onnx, model_dims
+from .parity import check_parity
+
+log = logging.getLogger(__name__)
+
+DECODER_FILE = "decoder.onnx"
+TOKENIZER_FILE = "tokenizer.json"
+PRODUCERS = ("torch", "transformers", "onnx", "onnxscript", "onnxruntime", "tokenizers", "numpy")
+_CHAT_SLOT = "\u2063PROMPT\u2063"  # an invisible separator that no template contains
+
+
+class ParityError(RuntimeError):
+    pass
+
+
+def producer_versions() -> dict[str, str]:
+    versions = {}
+    for pkg in PRODUCERS:
+        try:
+            versions[pkg] = importlib.metadata.version(pkg)
+        except importlib.metadata.PackageNotFoundError:
+            pass
+    return versions
+
+
+def eos_token_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> tuple[int, ...]:
+    """Union of the generation config's, the model config's and the tokenizer's EOS ids."""
+    ids: list[int] = []
+    for source in (getattr(model, "generation_config", None), model.config, tokenizer):
+        value = getattr(source, "eos_token_id", None) if source is not None else None
+        for token in value if isinstance(value, (list, tuple)) else [value]:
+            if token is not None and int(token) not in ids:
+                ids.append(int(token))
+    if not ids:
+        raise ValueError("no EOS token id in the generation config, model config or tokenizer")
+    return tuple(ids)
+
+
+def chat_template(tokenizer: PreTrainedTokenizerBase) -> ChatTemplate | None:
+    """The model's single-user-turn template split around the prompt, or None if it has none."""
+    if not getattr(tokenizer, "chat_template", None):
+        return None
+    text = tokenizer.apply_chat_template(
+        [{"role": "user", "content": _CHAT_SLOT}], tokenize=False, add_generation_prompt=True
+    )
+    prefix, found, suffix = text.partition(_CHAT_SLOT)
+    if not found:
+        raise ValueError("the chat template dropped the user message; cannot split it around the prompt")
+    return ChatTemplate(prefix=prefix, suffix=suffix)
+
+
+def check_tokenizer(tokenizer: PreTrainedTokenizerBase, tokenizer_json: Path, samples: list[str]) -> None:
+    """The runtime encodes with ``tokenizers`` alone: it must give the same ids as transformers."""
+    from tokenizers import Tokenizer
+
+    fast = Tokenizer.from_file(str(tokenizer_json))
+    for text in samples:
+        want = tokenizer(text)["input_ids"]
+        got = fast.encode(text).ids
+        if got != want:
+            raise ValueError(f"{tokenizer_json}: encodes {text[:40]!r} as {got[:8]}..., transformers as {want[:8]}...")
+
+
+def parity_ids(tokenizer: PreTrainedTokenizerBase, jsonl: Path, n_tokens: int) -> np.ndarray:
+    """The first ``n_tokens`` tokens of the Spec-Bench turns, concatenated in file order."""
+    ids: list[int] = []
+    with open(jsonl) as f:
+        for line in f:
+            for turn in json.loads(line)["turns"]:
+                ids += tokenizer(turn + "\n\n")["input_ids"]
+            if len(ids) >= n_tokens:
+                return np.array(ids[:n_tokens], np.int64)
+    raise ValueError(f"{jsonl}: only {len(ids)} tokens, parity needs {n_tokens}")
+
+
+def build_artifact(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    tokenizer_json: Path,
+    out: Path,
+    *,
+    name: str,
+    max_context: int,
+    opset: int,
+    check_ids: np.ndarray,
+    tolerance: float,
+    prefill_chunk: int,
+    variant: str = "fp32",
+) -> Manifest:
+    """Export, copy the tokenizer, check parity and write the manifest; raises ParityError if off."""
+    model = model.float().eval()
+    max_context = min(max_context, getattr(model.config, "max_position_embeddings", max_context))
+    dims = model_dims(model, max_context)
+    if out.exists():
+        shutil.rmtree(out)
+    out.mkdir(parents=True)
+    t0 = time.perf_counter()
+    export_onnx(model, dims, out / DECODER_FILE, opset)
+    export_s = time.perf_counter() - t0
+    shutil.copyfile(tokenizer_json, out / TOKENIZER_FILE)
+    check_tokenizer(tokenizer, out / TOKENIZER_FILE, ["def add(a, b):\n    return a + b", "Hello, world! héllo"])
+
+    t0 = time.perf_counter()
+    decoder = OrtDecoder(out / DECODER_FILE, dims, threads=None)
+    parity = check_parity(model, decoder, check_ids, chunk=prefill_chunk, tolerance=tolerance)
+    parity["seconds"] = round(time.perf_counter() - t0, 2)
+    log.info("parity: %s", parity)
+
+    inputs, outputs = contract.io_table(dims.num_layers, dims.kv_heads, dims.head_dim, dims.hidden, dims.vocab)
+    files = {p.name: file_entry(p) for p in sorted(out.iterdir()) if p.name != MANIFEST_NAME}
+    manifest = Manifest(
+        name=name,
+        variant=variant,
+        arch=model.config.model_type,
+        dims=dims,
+        decoder=DECODER_FILE,
+        tokenizer=TOKENIZER_FILE,
+        eos_token_ids=eos_token_ids(model, tokenizer),
+        files=files,
+        io={"inputs": [asdict(t) for t in inputs], "outputs": [asdict(t) for t in outputs]},
+        producers=producer_versions(),
+        chat=chat_template(tokenizer),
+        checks={"parity": parity, "export_s": round(export_s, 2)},
+    )
+    if not parity["ok"]:
+        (out / "parity_failed.json").write_text(json.dumps(parity, indent=2))
+        raise ParityError(f"{out}: ONNX logits differ from torch beyond {tolerance}: {parity}")
+    (out / MANIFEST_NAME).write_text(manifest.to_json())
+    return manifest
+
+
+def run(hf_dir: Path, out: Path, name: str, parity_text: Path, params: dict[str, Any]) -> dict[str, Any]:
+    """Worker of the stage: returns the report written next to the artifact."""
+    torch.manual_seed(0)
+    t0 = time.perf_counter()
+    model = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(hf_dir)
+    load_s = time.perf_counter() - t0
+    manifest = build_artifact(
+        model,
+        tokenizer,
+        hf_dir / TOKENIZER_FILE,
+        out,
+        name=name,
+        max_context=params["max_context"],
+        opset=params["opset"],
+        check_ids=parity_ids(tokenizer, parity_text, params["parity_tokens"]),
+        tolerance=params["parity_tolerance"],
+        prefill_chunk=params["prefill_chunk"],
+    )
+    return {
+        "model": name,
+        "variant": manifest.variant,
+        "load_s": round(load_s, 2),
+        "bytes": sum(f.bytes for f in manifest.files.values()),
+        **manifest.checks,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--hf", type=Path, required=True, help="Hugging Face checkpoint folder (weights stage)")
+    parser.add_argument("--out", type=Path, required=True, help="artifact folder to write")
+    parser.add_argument("--name", required=True, help="model name (a key of params.yaml's catalog)")
+    parser.add_argument("--parity-text", type=Path, required=True, help="Spec-Bench question.jsonl")
+    parser.add_argument("--params", type=Path, default=Path("params.yaml"))
+    parser.add_argument("--report", type=Path, help="JSON report (default: <out>/../export.json)")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    params = yaml.safe_load(args.params.read_text())["export"]
+    try:
+        report = run(args.hf, args.out, args.name, args.parity_text, params)
+    except ParityError as e:
+        log.error("%s", e)
+        return 1
+    report_path = args.report or args.out.parent / "export.json"
+    report_path.write_text(json.dumps(report, indent=2) + "\n")
+    log.info("wrote %s", report_path)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,83 @@
+"""Parity of an exported decoder against the torch model it came from.
+
+Two checks, both against plain full-sequence torch forwards (HF's own masks):
+- chain: the ONNX decoder prefills ``ids[:split]`` in chunks, then verifies ``ids[split:]`` in one
+  window; every position's logits must match torch's logits for the whole sequence.
+- tree: after the same prefill, a two-branch draft tree is verified in one window; each node's
+  logits must match torch's logits at the end of that node's root-to-node path.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from transformers import PreTrainedModel
+
+from specrt.backend import OrtDecoder
+from specrt.engine import prefill
+from specrt.tree import DraftTree, flatten
+
+
+@torch.no_grad()
+def torch_logits(model: PreTrainedModel, ids: np.ndarray) -> np.ndarray:
+    """[t, vocab] logits of one plain forward over ``ids`` ([t] int)."""
+    return model(torch.from_numpy(np.asarray(ids, np.int64))[None]).logits[0].float().numpy()
+
+
+def _compare(got: np.ndarray, ref: np.ndarray) -> dict[str, float | int]:
+    """Max |diff| and how many argmaxes differ where torch's top-2 margin exceeds that diff."""
+    diff = float(np.abs(got - ref).max())
+    top2 = np.sort(ref, axis=-1)[:, -2:]
+    clear = (top2[:, 1] - top2[:, 0]) > 2 * diff
+    flips = int(((got.argmax(-1) != ref.argmax(-1)) & clear).sum())
+    return {"max_abs_diff": diff, "argmax_flips": flips, "positions": int(len(ref))}
+
+
+def chain_parity(model: PreTrainedModel, decoder: OrtDecoder, ids: np.ndarray, split: int, chunk: int) -> dict:
+    ref = torch_logits(model, ids)
+    decoder.reset(len(ids))
+    head = np.concatenate(list(prefill(decoder, ids[:split], chunk)))
+    window = flatten(int(ids[split]), DraftTree.chain(ids[split + 1 :]), decoder.past)
+    tail = decoder.forward(window.input_ids, window.position_ids, window.attention_bias).logits
+    return _compare(np.concatenate([head, tail]), ref)
+
+
+def tree_parity(model: PreTrainedModel, decoder: OrtDecoder, ids: np.ndarray, split: int, chunk: int) -> dict:
+    """Tree over ids[split:split+3] and a sibling branch of other tokens.
+
+          root = ids[split]
+          /              \\
+      n0 = ids[split+1]   n2 = alt0
+        |                   |
+      n1 = ids[split+2]   n3 = alt1
+    """
+    a, b = int(ids[split + 1]), int(ids[split + 2])
+    vocab = decoder.dims.vocab
+    alt0, alt1 = (a + 1) % vocab, (b + 7) % vocab
+    tree = DraftTree(np.array([a, b, alt0, alt1]), np.array([-1, 0, -1, 2]))
+    decoder.reset(split + 1 + len(tree))
+    for _ in prefill(decoder, ids[:split], chunk):
+        pass
+    window = flatten(int(ids[split]), tree, decoder.past)
+    got = decoder.forward(window.input_ids, window.position_ids, window.attention_bias).logits
+    prefix = ids[: split + 1]
+    ref_main = torch_logits(model, np.concatenate([prefix, [a, b]]))[-3:]  # root, n0, n1
+    ref_alt = torch_logits(model, np.concatenate([prefix, [alt0, alt1]]))[-2:]  # n2, n3
+    return _compare(got, np.concatenate([ref_main, ref_alt]))
+
+
+def check_parity(
+    model: PreTrainedModel, decoder: OrtDecoder, ids: np.ndarray, *, chunk: int, tolerance: float
+) -> dict:
+    """Both checks on ``ids`` (the verify window covers the last 8 positions); adds ``ok``."""
+    split = len(ids) - 8
+    report = {
+        "tokens": int(len(ids)),
+        "tolerance": tolerance,
+        "chain": chain_parity(model, decoder, ids, split, chunk),
+        "tree": tree_parity(model, decoder, ids, split, chunk),
+    }
+    report["ok"] = all(
+        r["max_abs_diff"] <= tolerance and r["argmax_flips"] == 0 for r in (report["chain"], report["tree"])
+    )
+    return report

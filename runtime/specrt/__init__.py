@@ -1,0 +1,13 @@
+"""specrt: lossless speculative decoding on ONNX Runtime (torch-free runtime).
+
+    import specrt
+    model = specrt.load("artifacts/qwen2.5-coder-0.5b-instruct/fp32")
+    result = model.generate("def add(a, b):", max_new_tokens=64, method="pld")
+"""
+
+from .drafters import METHODS
+from .errors import ArtifactError, InvalidRequestError, SpecrtError
+from .model import GenerationResult, SpecModel, load
+
+__all__ = ["load", "SpecModel", "GenerationResult", "METHODS", "SpecrtError", "ArtifactError", "InvalidRequestError"]
+__version__ = "0.1.0"

@@ -1,0 +1,82 @@
+"""``specrt generate``: complete a prompt from the command line.
+
+    specrt generate --model artifacts/qwen2.5-coder-0.5b-instruct/fp32 --method pld "def add(a, b):"
+
+The completion goes to stdout; speed and acceptance go to stderr (or everything as JSON with
+``--json``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import asdict
+
+from .drafters import METHODS
+from .errors import SpecrtError
+from .model import load
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="specrt", description=__doc__.split("\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    gen = sub.add_parser("generate", help="complete a prompt")
+    gen.add_argument("prompt", help="prompt text ('-' reads it from stdin)")
+    gen.add_argument("--model", required=True, help="artifact folder, e.g. artifacts/<model>/fp32")
+    gen.add_argument("--method", default="pld", help=f"drafting method: {', '.join(sorted(METHODS))}")
+    gen.add_argument("--tree", action="store_true", help="verify a draft tree instead of a chain")
+    gen.add_argument("--max-new-tokens", type=int, default=128)
+    gen.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    gen.add_argument("--top-k", type=int, default=0)
+    gen.add_argument("--top-p", type=float, default=1.0)
+    gen.add_argument("--seed", type=int, default=None)
+    gen.add_argument("--draft-budget", type=int, default=8, help="draft-tree nodes per verify step")
+    gen.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
+    gen.add_argument("--threads", type=int, default=None, help="onnxruntime intra-op threads")
+    gen.add_argument("--provider", default="cpu", help="execution provider (cpu)")
+    gen.add_argument("--stream", action="store_true", help="print text as it is accepted")
+    gen.add_argument("--json", action="store_true", help="print the result and stats as one JSON object")
+    return parser
+
+
+def _generate(args: argparse.Namespace) -> None:
+    prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
+    model = load(args.model, provider=args.provider, threads=args.threads)
+    options = dict(
+        max_new_tokens=args.max_new_tokens, method=args.method, tree=args.tree, temperature=args.temperature,
+        top_k=args.top_k, top_p=args.top_p, seed=args.seed, draft_budget=args.draft_budget,
+    )
+    if args.stream and not args.json:
+        for piece in model.stream(prompt, chat=args.chat, **options):
+            print(piece, end="", flush=True)
+        print()
+        return
+    result = model.generate(prompt, chat=args.chat, **options)
+    if args.json:
+        print(json.dumps(asdict(result), indent=2))
+        return
+    print(result.text)
+    s = result.stats
+    print(
+        f"[{result.method}{' tree' if result.tree else ''}] {s['new_tokens']} tokens ({result.finish_reason}); "
+        f"decode {s['decode_tokens_per_s']:.1f} tok/s; "
+        f"mean accepted tokens/step {s['mean_accepted_tokens_per_step']:.2f}; "
+        f"prefill {s['prompt_tokens']} tokens in {s['prefill_s'] * 1000:.0f} ms",
+        file=sys.stderr,
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        if args.command == "generate":
+            _generate(args)
+    except SpecrtError as e:
+        print(f"specrt: error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

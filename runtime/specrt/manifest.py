@@ -1,0 +1,146 @@
+"""The artifact manifest: what an exported decoder folder holds, and the checks before it is trusted.
+
+An artifact folder (``artifacts/<model>/<variant>/``) holds ``manifest.json``, the ONNX decoder
+(with its external-data file) and ``tokenizer.json``. The manifest records every file's size and
+sha256; :func:`read_manifest` refuses a folder whose files do not match.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .errors import ArtifactError
+
+MANIFEST_NAME = "manifest.json"
+FORMAT = "specrt-decoder/1"
+_HASH_CHUNK = 1 << 24
+
+
+@dataclass(frozen=True)
+class ModelDims:
+    num_layers: int
+    kv_heads: int
+    head_dim: int
+    hidden: int
+    vocab: int
+    max_context: int  # longest sequence (prompt + generation) the runtime may build
+
+
+@dataclass(frozen=True)
+class FileEntry:
+    sha256: str
+    bytes: int
+
+
+@dataclass(frozen=True)
+class ChatTemplate:
+    """A single-user-turn chat prompt, rendered at export time: ``prefix + prompt + suffix``."""
+
+    prefix: str
+    suffix: str
+
+
+@dataclass(frozen=True)
+class Manifest:
+    name: str  # model name, e.g. "qwen2.5-coder-0.5b-instruct"
+    variant: str  # "fp32", "int8", "int4", ...
+    arch: str  # Hugging Face model_type: "qwen2", "llama", "gemma3"
+    dims: ModelDims
+    decoder: str  # file name of the ONNX graph inside the folder
+    tokenizer: str  # file name of tokenizer.json inside the folder
+    eos_token_ids: tuple[int, ...]
+    files: dict[str, FileEntry]  # every file of the folder but the manifest
+    io: dict[str, list[dict[str, Any]]]  # the contract table (see specrt.contract)
+    producers: dict[str, str]  # package -> version of the tools that built it
+    chat: ChatTemplate | None = None
+    spec_safe: bool = True  # False: verify windows may disagree with single steps
+    checks: dict[str, Any] = field(default_factory=dict)  # parity / lossless reports
+    format: str = FORMAT
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=2, sort_keys=False) + "\n"
+
+
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(_HASH_CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def file_entry(path: Path) -> FileEntry:
+    return FileEntry(sha256=sha256_file(path), bytes=path.stat().st_size)
+
+
+def _require(raw: dict[str, Any], key: str, where: Path) -> Any:
+    if key not in raw:
+        raise ArtifactError(f"{where}: field {key!r} is missing")
+    return raw[key]
+
+
+def parse_manifest(raw: dict[str, Any], where: Path) -> Manifest:
+    """Build a :class:`Manifest` from decoded JSON, naming the first missing or malformed field."""
+    fmt = raw.get("format")
+    if fmt != FORMAT:
+        raise ArtifactError(f"{where}: field 'format' is {fmt!r}, expected {FORMAT!r}")
+    try:
+        dims = ModelDims(**_require(raw, "dims", where))
+        files = {name: FileEntry(**entry) for name, entry in _require(raw, "files", where).items()}
+        chat_raw = raw.get("chat")
+        return Manifest(
+            name=str(_require(raw, "name", where)),
+            variant=str(_require(raw, "variant", where)),
+            arch=str(_require(raw, "arch", where)),
+            dims=dims,
+            decoder=str(_require(raw, "decoder", where)),
+            tokenizer=str(_require(raw, "tokenizer", where)),
+            eos_token_ids=tuple(int(t) for t in _require(raw, "eos_token_ids", where)),
+            files=files,
+            io=dict(_require(raw, "io", where)),
+            producers=dict(raw.get("producers", {})),
+            chat=ChatTemplate(**chat_raw) if chat_raw else None,
+            spec_safe=bool(raw.get("spec_safe", True)),
+            checks=dict(raw.get("checks", {})),
+        )
+    except TypeError as e:  # a nested record with unexpected or missing keys
+        raise ArtifactError(f"{where}: malformed field ({e})") from None
+
+
+def verify_files(manifest: Manifest, folder: Path, *, check_hashes: bool = True) -> None:
+    """Raise :class:`ArtifactError` naming the first file that is missing or differs from the manifest."""
+    for name in (manifest.decoder, manifest.tokenizer):
+        if name not in manifest.files:
+            raise ArtifactError(f"{folder / MANIFEST_NAME}: 'files' has no entry for {name!r}")
+    for name, entry in manifest.files.items():
+        path = folder / name
+        if not path.is_file():
+            raise ArtifactError(f"{path}: file listed in the manifest is missing")
+        size = path.stat().st_size
+        if size != entry.bytes:
+            raise ArtifactError(f"{path}: {size} bytes, manifest says {entry.bytes} (truncated or replaced?)")
+        if check_hashes and sha256_file(path) != entry.sha256:
+            raise ArtifactError(f"{path}: sha256 differs from the manifest (corrupt or replaced)")
+
+
+def read_manifest(folder: str | Path, *, check_hashes: bool = True) -> Manifest:
+    """Read and verify ``folder/manifest.json`` and the files it lists."""
+    folder = Path(folder)
+    path = folder / MANIFEST_NAME
+    if not folder.is_dir():
+        raise ArtifactError(f"{folder}: artifact folder does not exist")
+    if not path.is_file():
+        raise ArtifactError(f"{path}: no manifest (is this an artifact folder built by the pipeline?)")
+    try:
+        raw = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ArtifactError(f"{path}: not valid JSON ({e})") from None
+    if not isinstance(raw, dict):
+        raise ArtifactError(f"{path}: expected a JSON object at the top level")
+    manifest = parse_manifest(raw, path)
+    verify_files(manifest, folder, check_hashes=check_hashes)
+    return manifest

@@ -1,0 +1,12 @@
+from __future__ import annotations
+
+import pytest
+
+from tests.tiny import ARCHS, build_tiny_artifact
+
+
+@pytest.fixture(scope="session", params=ARCHS)
+def tiny_artifact(request, tmp_path_factory):
+    """(artifact folder, torch model) of a tiny random model, one per architecture."""
+    root = tmp_path_factory.mktemp(f"tiny-{request.param}")
+    return build_tiny_artifact(request.param, root / "fp32")

@@ -1,0 +1,106 @@
+"""Tiny random models of each supported architecture, exported by the pipeline's own code.
+
+Vocabulary: a byte-level BPE of 320 tokens trained in-process; models: 2 layers, hidden 64.
+Gemma 3 gets a sliding window of 8 so that every test prompt is longer than the window.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import (
+    Gemma3ForCausalLM,
+    Gemma3TextConfig,
+    LlamaConfig,
+    LlamaForCausalLM,
+    PreTrainedTokenizerFast,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+)
+
+from pipeline.export import build_artifact
+
+ARCHS = ("qwen2", "llama", "gemma3")
+VOCAB = 320
+EOS = "<eos>"
+GEMMA_WINDOW = 8
+
+TRAINING_TEXT = [
+    "def add(a, b):\n    return a + b\n",
+    "def fib(n):\n    if n < 2:\n        return n\n    return fib(n - 1) + fib(n - 2)\n",
+    "The quick brown fox jumps over the lazy dog. The dog sleeps.",
+    "Summarize the following text. Speculative decoding drafts tokens and verifies them in one pass.",
+    "for i in range(10):\n    print(i, i * i)\n",
+]
+
+PROMPTS = [
+    "def add(a, b):\n    return a + b\n\ndef add(",
+    "The quick brown fox jumps over the lazy dog. The quick brown",
+    "for i in range(10):\n    print(i)\nfor i in range(10):\n",
+    "Summarize: speculative decoding drafts tokens. Summary: speculative",
+    "x",
+    "def fib(n):\n    if n < 2:\n        return n\n    return fib(n - 1) + fib(n - 2)\n\nprint(fib(",
+]
+
+
+def tiny_tokenizer(path: Path) -> Path:
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=VOCAB, special_tokens=[EOS], initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False
+    )
+    tok.train_from_iterator(TRAINING_TEXT, trainer=trainer)
+    tok.save(str(path))
+    return path
+
+
+def tiny_model(arch: str, vocab: int, eos_id: int, seed: int = 0) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    common = dict(
+        vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=256, eos_token_id=eos_id,
+    )
+    if arch == "qwen2":
+        model = Qwen2ForCausalLM(Qwen2Config(**common, tie_word_embeddings=True))
+    elif arch == "llama":
+        model = LlamaForCausalLM(LlamaConfig(**common))
+    elif arch == "gemma3":
+        config = Gemma3TextConfig(
+            **common, head_dim=16, sliding_window=GEMMA_WINDOW, layer_types=["sliding_attention", "full_attention"]
+        )
+        model = Gemma3ForCausalLM(config)
+    else:
+        raise ValueError(arch)
+    return model.eval()
+
+
+def memorize(model: torch.nn.Module, tokenizer: PreTrainedTokenizerFast, steps: int = 120) -> torch.nn.Module:
+    """A few Adam steps on TRAINING_TEXT, so greedy output repeats text seen before (drafts get accepted)."""
+    batch = [torch.tensor(tokenizer(t + EOS)["input_ids"]) for t in TRAINING_TEXT]
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    model.train()
+    for step in range(steps):
+        ids = batch[step % len(batch)][None]
+        loss = model(input_ids=ids, labels=ids).loss
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    return model.eval()
+
+
+def build_tiny_artifact(arch: str, out: Path) -> tuple[Path, torch.nn.Module]:
+    """An fp32 artifact folder for a tiny ``arch`` model, through pipeline.export.build_artifact."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tokenizer_json = tiny_tokenizer(out.parent / f"{arch}-tokenizer.json")
+    hf_tok = PreTrainedTokenizerFast(tokenizer_file=str(tokenizer_json), eos_token=EOS)
+    model = memorize(tiny_model(arch, hf_tok.vocab_size, hf_tok.eos_token_id), hf_tok)
+    check_ids = np.random.default_rng(0).integers(0, hf_tok.vocab_size, 40)
+    build_artifact(
+        model, hf_tok, tokenizer_json, out, name=f"tiny-{arch}", max_context=256, opset=20,
+        check_ids=check_ids, tolerance=1e-3, prefill_chunk=16,
+    )
+    return out, model
