@@ -122,7 +122,7 @@ def export_onnx(model: PreTrainedModel, dims: ModelDims, path: Path, opset: int)
     s, past = torch.export.Dim("s", min=1, max=dims.max_context), torch.export.Dim("past", min=0, max=dims.max_context)
     # the varargs `*past` form one tuple in the signature, hence the nested tuple
     dynamic = ({1: s}, {1: s}, {2: s, 3: torch.export.Dim.AUTO}, tuple({1: past} for _ in range(2 * dims.num_layers)))
-    wrapper = DecoderForExport(model.eval())
+    wrapper = DecoderForExport(model).eval()
     path.parent.mkdir(parents=True, exist_ok=True)
     with torch.no_grad():
         program = torch.onnx.export(

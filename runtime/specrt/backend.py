@@ -111,6 +111,12 @@ class OrtDecoder:
         # view: a C-contiguous float32 array (a prefix-slice of a cache buffer, or an output buffer)
         bind(name, "cpu", 0, np.float32, list(view.shape), view.ctypes.data)
 
+    def truncate(self, past: int) -> None:
+        """Roll the cache back to its first ``past`` positions."""
+        if not 0 <= past <= self.past:
+            raise ValueError(f"truncate: past must be in [0, {self.past}], got {past}")
+        self.past = past
+
     def commit(self, keep: np.ndarray) -> None:
         """Keep window slots ``keep`` (ascending, [k] int) as the next ``k`` cached positions."""
         keep = np.asarray(keep, np.int64)

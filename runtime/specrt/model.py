@@ -91,6 +91,7 @@ class SpecModel:
         top_p: float = 1.0,
         seed: int | None = None,
         draft_budget: int = 8,
+        prefill_chunk: int = 256,
     ) -> tuple[SpeculativeLoop, Iterator[np.ndarray]]:
         """The loop for one request on token ids, and the iterator of its emitted token chunks."""
         ids = np.asarray(prompt_ids, dtype=np.int64).reshape(-1)
@@ -101,6 +102,7 @@ class SpecModel:
             max_new_tokens=max_new_tokens,
             sampling=SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p),
             draft_budget=draft_budget,
+            prefill_chunk=prefill_chunk,
             seed=seed,
         )
         loop = SpeculativeLoop(self.decoder, make_drafter(method, tree=tree), self.manifest.eos_token_ids, config)

@@ -1,0 +1,109 @@
+"""Stage ``lossless``: speculative output must equal plain decoding of the same artifact, token for token.
+
+    python -m pipeline.lossless --model artifacts/M/fp32 --prompts ../shared/data/specbench/question.jsonl \\
+        --params params.yaml --out artifacts/M/lossless.json
+
+Runs ``baseline`` and every other registered method, chain and tree, greedy, on a few Spec-Bench
+prompts per task (first turns, in the model's chat template when it has one). Exit 1 on any
+divergence; the report gives per method the token match, the first divergence and the mean
+tokens per verify step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import yaml
+
+import specrt
+from specrt.model import SpecModel
+
+from .specbench import first_per_task, read_questions
+
+log = logging.getLogger(__name__)
+
+
+def first_divergence(a: np.ndarray, b: np.ndarray) -> int | None:
+    """Index of the first differing token (a length difference counts), or None if equal."""
+    n = min(len(a), len(b))
+    diff = np.flatnonzero(a[:n] != b[:n])
+    if len(diff):
+        return int(diff[0])
+    return None if len(a) == len(b) else n
+
+
+def compare_methods(
+    model: SpecModel, prompts: list[np.ndarray], methods: list[str], *, max_new_tokens: int, draft_budget: int
+) -> dict[str, Any]:
+    """Greedy output of every method (chain and tree) vs baseline on token-id prompts."""
+    reference = [model.generate_ids(p, method="baseline", max_new_tokens=max_new_tokens)[0] for p in prompts]
+    runs: dict[str, Any] = {}
+    for method in methods:
+        for tree in (False, True):
+            matched = total = steps = emitted = 0
+            divergences = []
+            for i, (prompt, ref) in enumerate(zip(prompts, reference)):
+                ids, loop = model.generate_ids(
+                    prompt, method=method, tree=tree, max_new_tokens=max_new_tokens, draft_budget=draft_budget
+                )
+                at = first_divergence(ids, ref)
+                matched += len(ref) if at is None else at
+                total += len(ref)
+                steps += loop.stats.steps
+                emitted += loop.stats.decode_tokens
+                if at is not None:
+                    divergences.append({"prompt": i, "position": at})
+            runs[f"{method}/{'tree' if tree else 'chain'}"] = {
+                "token_match": round(matched / total, 6) if total else 1.0,
+                "identical": not divergences,
+                "divergences": divergences,
+                "mean_tokens_per_step": round(emitted / steps, 4) if steps else 0.0,
+            }
+    return {"prompts": len(prompts), "max_new_tokens": max_new_tokens, "runs": runs,
+            "lossless": all(r["identical"] for r in runs.values())}
+
+
+def run(artifact: Path, questions_path: Path, params: dict[str, Any]) -> dict[str, Any]:
+    model = specrt.load(artifact, threads=params.get("threads"))
+    questions = first_per_task(read_questions(questions_path), params["prompts_per_task"])
+    chat = model.manifest.chat is not None
+    prompts = [model.encode(q.turns[0], chat=chat)[: params["max_prompt_tokens"]] for q in questions]
+    methods = [m for m in sorted(specrt.METHODS) if m != "baseline"]
+    t0 = time.perf_counter()
+    report = compare_methods(
+        model, prompts, methods, max_new_tokens=params["max_new_tokens"], draft_budget=params["draft_budget"]
+    )
+    report.update(model=model.manifest.name, variant=model.manifest.variant, chat=chat,
+                  seconds=round(time.perf_counter() - t0, 1))
+    return report
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--model", type=Path, required=True, help="artifact folder")
+    parser.add_argument("--prompts", type=Path, required=True, help="Spec-Bench question.jsonl")
+    parser.add_argument("--params", type=Path, default=Path("params.yaml"))
+    parser.add_argument("--out", type=Path, required=True, help="metrics JSON to write")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    report = run(args.model, args.prompts, yaml.safe_load(args.params.read_text())["lossless"])
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(report, indent=2) + "\n")
+    for name, r in report["runs"].items():
+        log.info("%-16s identical=%s match=%.4f tokens/step=%.2f", name, r["identical"], r["token_match"],
+                 r["mean_tokens_per_step"])
+    if not report["lossless"]:
+        log.error("speculative output differs from plain decoding: see %s", args.out)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

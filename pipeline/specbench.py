@@ -1,0 +1,37 @@
+"""Spec-Bench prompts (question.jsonl): 480 rows in 6 tasks; the 8 MT-bench categories form one task."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+MT_BENCH = frozenset({"writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities"})
+TASKS = ("mt_bench", "translation", "summarization", "qa", "math_reasoning", "rag")
+
+
+@dataclass(frozen=True)
+class Question:
+    question_id: int
+    task: str  # one of TASKS
+    turns: tuple[str, ...]
+
+
+def read_questions(path: Path) -> list[Question]:
+    questions = []
+    with open(path, encoding="utf-8") as f:
+        for line_no, line in enumerate(f, 1):
+            try:
+                row = json.loads(line)
+                category = row["category"]
+                questions.append(
+                    Question(int(row["question_id"]), "mt_bench" if category in MT_BENCH else category, tuple(row["turns"]))
+                )
+            except (json.JSONDecodeError, KeyError, TypeError) as e:
+                raise ValueError(f"{path}:{line_no}: not a Spec-Bench row ({e})") from None
+    return questions
+
+
+def first_per_task(questions: list[Question], n: int) -> list[Question]:
+    """The first ``n`` questions of every task, in task order."""
+    return [q for task in TASKS for q in [q for q in questions if q.task == task][:n]]

@@ -1,0 +1,140 @@
+"""The target distribution: temperature, top-k, top-p (specrt.sampling)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from specrt.errors import InvalidRequestError
+from specrt.sampling import SamplingParams, sample, target_probs
+
+
+def logits_of(probs: list[float]) -> np.ndarray:
+    """[1, vocab] logits whose softmax at temperature 1 is ``probs`` (0 -> a very low logit)."""
+    return np.array([[math.log(p) if p > 0 else -1e9 for p in probs]], np.float32)
+
+
+def test_temperature_one_is_softmax():
+    # logits [0, ln 2]: probabilities 1/3, 2/3
+    p = target_probs(np.array([[0.0, math.log(2.0)]]), SamplingParams(temperature=1.0))
+    np.testing.assert_allclose(p, [[1 / 3, 2 / 3]])
+    assert p.dtype == np.float64
+
+
+def test_low_temperature_sharpens():
+    # T = 0.5 doubles the logits: [0, 2 ln 2] -> 1/5, 4/5
+    p = target_probs(np.array([[0.0, math.log(2.0)]]), SamplingParams(temperature=0.5))
+    np.testing.assert_allclose(p, [[1 / 5, 4 / 5]])
+
+
+def test_high_temperature_flattens():
+    # T = 2 halves the logits: [0, 2 ln 3] -> [0, ln 3] -> 1/4, 3/4
+    p = target_probs(np.array([[0.0, 2 * math.log(3.0)]]), SamplingParams(temperature=2.0))
+    np.testing.assert_allclose(p, [[1 / 4, 3 / 4]])
+
+
+def test_rows_are_independent():
+    # each window slot is its own distribution; a huge logit does not overflow
+    logits = np.array([[0.0, math.log(3.0)], [1000.0, 1000.0]])
+    p = target_probs(logits, SamplingParams(temperature=1.0))
+    np.testing.assert_allclose(p, [[1 / 4, 3 / 4], [1 / 2, 1 / 2]])
+
+
+def test_top_k_keeps_the_k_largest():
+    # logits [1, 3, 2, 0], k = 2: tokens 1 and 2 survive, renormalised
+    p = target_probs(np.array([[1.0, 3.0, 2.0, 0.0]]), SamplingParams(temperature=1.0, top_k=2))
+    e = math.e
+    np.testing.assert_allclose(p, [[0.0, e / (e + 1), 1 / (e + 1), 0.0]])
+
+
+def test_top_k_keeps_ties_at_the_kth_value():
+    # k = 1 but tokens 1 and 2 tie for the largest logit: both are kept
+    p = target_probs(np.array([[1.0, 2.0, 2.0, 0.0]]), SamplingParams(temperature=1.0, top_k=1))
+    np.testing.assert_allclose(p, [[0.0, 0.5, 0.5, 0.0]])
+
+
+@pytest.mark.parametrize("top_k", [4, 10])
+def test_top_k_at_or_above_vocab_is_off(top_k):
+    logits = logits_of([0.1, 0.2, 0.3, 0.4])
+    p = target_probs(logits, SamplingParams(temperature=1.0, top_k=top_k))
+    np.testing.assert_allclose(p, [[0.1, 0.2, 0.3, 0.4]], atol=1e-6)
+
+
+@pytest.mark.parametrize(
+    "top_p, expected",
+    [
+        (0.4, [0.0, 1.0, 0.0, 0.0]),  # the first token alone (0.5) already reaches 0.4
+        (0.7, [0.0, 0.5 / 0.8, 0.0, 0.3 / 0.8]),  # 0.5 < 0.7 <= 0.5 + 0.3: two tokens
+        (0.9, [0.15 / 0.95, 0.5 / 0.95, 0.0, 0.3 / 0.95]),  # 0.8 < 0.9 <= 0.95: three tokens
+        (0.99, [0.15, 0.5, 0.05, 0.3]),  # 0.95 < 0.99: everything
+        (1e-9, [0.0, 1.0, 0.0, 0.0]),  # tiny mass: the first token is always kept
+    ],
+)
+def test_top_p_keeps_the_smallest_prefix_reaching_the_mass(top_p, expected):
+    # vocabulary order is not the sorted order: probabilities 0.15, 0.5, 0.05, 0.3
+    logits = logits_of([0.15, 0.5, 0.05, 0.3])
+    p = target_probs(logits, SamplingParams(temperature=1.0, top_p=top_p))
+    np.testing.assert_allclose(p, [expected], atol=1e-6)
+
+
+def test_top_k_then_top_p():
+    # top_k = 3 drops 0.05 -> [0.15, 0.5, 0.3] / 0.95; top_p = 0.6 then keeps 0.5/0.95 (0.526)
+    # and 0.3/0.95 (cumulative 0.842 >= 0.6)
+    logits = logits_of([0.15, 0.5, 0.05, 0.3])
+    p = target_probs(logits, SamplingParams(temperature=1.0, top_k=3, top_p=0.6))
+    np.testing.assert_allclose(p, [[0.0, 0.5 / 0.8, 0.0, 0.3 / 0.8]], atol=1e-6)
+
+
+def test_sampling_params_defaults_are_greedy():
+    params = SamplingParams()
+    assert (params.temperature, params.top_k, params.top_p) == (0.0, 0, 1.0)
+    assert params.greedy
+    assert not SamplingParams(temperature=0.7).greedy
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"temperature": -0.1}, "temperature must be a finite number >= 0, got -0.1"),
+        ({"temperature": float("nan")}, "temperature must be a finite number >= 0, got nan"),
+        ({"temperature": float("inf")}, "temperature must be a finite number >= 0, got inf"),
+        ({"top_k": -1}, "top_k must be >= 0, got -1"),
+        ({"top_p": 0.0}, r"top_p must be in \(0, 1\], got 0.0"),
+        ({"top_p": 1.5}, r"top_p must be in \(0, 1\], got 1.5"),
+        ({"top_p": -0.2}, r"top_p must be in \(0, 1\], got -0.2"),
+    ],
+)
+def test_sampling_params_validation(kwargs, message):
+    with pytest.raises(InvalidRequestError, match=message):
+        SamplingParams(**kwargs)
+
+
+def test_invalid_request_error_is_a_value_error():
+    with pytest.raises(ValueError):
+        SamplingParams(top_k=-3)
+
+
+@pytest.mark.parametrize("token", [0, 2, 4])
+def test_sample_point_mass(token):
+    rng = np.random.default_rng(0)
+    p = np.zeros(5)
+    p[token] = 3.0  # unnormalised is fine
+    assert [sample(p, rng) for _ in range(100)] == [token] * 100
+
+
+def test_sample_never_draws_zero_probability_tokens():
+    # mass only on tokens 1 and 3; tokens 0, 2, 4 must never come out (including at u = 0)
+    rng = np.random.default_rng(0)
+    p = np.array([0.0, 1.0, 0.0, 1.0, 0.0])
+    draws = {sample(p, rng) for _ in range(2000)}
+    assert draws == {1, 3}
+
+
+def test_sample_frequencies_follow_p():
+    # 20k draws from [0.1, 0.2, 0.7]: each frequency within 5 standard errors of p
+    rng = np.random.default_rng(0)
+    p = np.array([0.1, 0.2, 0.7])
+    counts = np.bincount([sample(p, rng) for _ in range(20_000)], minlength=3)
+    np.testing.assert_allclose(counts / 20_000, p, atol=5 * math.sqrt(0.25 / 20_000))

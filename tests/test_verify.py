@@ -1,0 +1,248 @@
+"""Walking a verified draft tree (specrt.verify): greedy walks and lossless sampling."""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+
+import numpy as np
+import pytest
+
+from specrt.sampling import sample
+from specrt.tree import DraftTree
+from specrt.verify import Walk, walk_greedy, walk_sampling
+
+# ---------------------------------------------------------------------------------------------
+# walk_greedy
+
+
+def test_walk_greedy_stops_at_first_mismatch():
+    #        root
+    #       /    \
+    #    n0:5    n1:7
+    #      |
+    #    n2:9
+    tree = DraftTree(token_ids=np.array([5, 7, 9]), parents=np.array([-1, -1, 0]))
+    walk = walk_greedy(tree, target_next=np.array([5, 8, 0, 0]))
+    assert walk.path.tolist() == [0]  # accepted n0
+    assert walk.emitted.tolist() == [5, 8]  # 5 accepted, 8 recovered (n2 drafted 9)
+
+
+def test_walk_greedy_full_acceptance_gives_bonus():
+    #    root
+    #     |
+    #    n0:5
+    #     |
+    #    n1:6
+    tree = DraftTree.chain([5, 6])
+    walk = walk_greedy(tree, target_next=np.array([5, 6, 3]))
+    assert walk.path.tolist() == [0, 1]  # the whole chain accepted
+    assert walk.emitted.tolist() == [5, 6, 3]  # 3 is the bonus from the leaf's slot
+
+
+def test_walk_greedy_picks_the_matching_sibling():
+    #        root
+    #     /   |    \
+    #   n0:5 n1:7  n2:8
+    #    |    |
+    #   n3:1 n4:2
+    tree = DraftTree(np.array([5, 7, 8, 1, 2]), np.array([-1, -1, -1, 0, 1]))
+    # slots: root, n0, n1, n2, n3, n4
+    walk = walk_greedy(tree, target_next=np.array([7, 1, 2, 0, 0, 4]))
+    assert walk.path.tolist() == [1, 4]  # the target wants 7 (n1), then 2 (n4); n0's branch ignored
+    assert walk.emitted.tolist() == [7, 2, 4]  # bonus 4 from n4's slot
+
+
+def test_walk_greedy_rejects_root_children():
+    #        root
+    #       /    \
+    #    n0:5    n1:7
+    tree = DraftTree(np.array([5, 7]), np.array([-1, -1]))
+    walk = walk_greedy(tree, target_next=np.array([6, 0, 0]))
+    assert walk.path.tolist() == []  # nothing accepted
+    assert walk.emitted.tolist() == [6]  # only the recovered token
+
+
+def test_walk_greedy_empty_tree():
+    walk = walk_greedy(DraftTree.empty(), target_next=np.array([3]))
+    assert walk.path.tolist() == []
+    assert walk.emitted.tolist() == [3]  # plain decoding: one token from the root's slot
+    assert walk.path.dtype == np.int64 and walk.emitted.dtype == np.int64
+
+
+# ---------------------------------------------------------------------------------------------
+# walk_sampling: deterministic cases
+
+
+def test_walk_sampling_point_masses_act_like_greedy():
+    #        root
+    #       /    \
+    #    n0:1    n1:2
+    #      |
+    #    n2:3
+    tree = DraftTree(np.array([1, 2, 3]), np.array([-1, -1, 0]))
+    probs = np.eye(5)[[2, 0, 4, 0]]  # slots: root -> 2, n0 -> 0, n1 -> 4, n2 -> 0
+    walk = walk_sampling(tree, probs, np.random.default_rng(0))
+    assert walk.path.tolist() == [1]  # n0 (token 1) has p = 0, n1 (token 2) has p = 1
+    assert walk.emitted.tolist() == [2, 4]  # accepted 2, then n1 is a leaf: bonus 4
+
+
+def test_walk_sampling_never_accepts_a_zero_probability_draft():
+    # one node drafting token 0, which the target never emits
+    tree = DraftTree.chain([0])
+    probs = np.array([[0.0, 0.5, 0.5], [1.0, 0.0, 0.0]])
+    rng = np.random.default_rng(1)
+    for _ in range(200):
+        walk = walk_sampling(tree, probs, rng)
+        assert walk.path.tolist() == []
+        assert walk.emitted.tolist() in ([1], [2])  # recovered from the residual, never 0
+
+
+def test_walk_sampling_empty_tree_samples_from_root():
+    walk = walk_sampling(DraftTree.empty(), np.array([[0.0, 0.0, 1.0]]), np.random.default_rng(0))
+    assert walk.path.tolist() == []
+    assert walk.emitted.tolist() == [2]
+
+
+# ---------------------------------------------------------------------------------------------
+# walk_sampling: the emitted tokens are distributed as the target (statistical test)
+
+
+def chi2_sf(x: float, df: int) -> float:
+    """P(X >= x) for X ~ chi-square(df), df a positive integer, in closed form (no scipy)."""
+    h = x / 2.0
+    if df % 2 == 0:  # e^{-h} sum_{i < df/2} h^i / i!
+        return math.exp(-h) * sum(h**i / math.factorial(i) for i in range(df // 2))
+    # erfc(sqrt(h)) + e^{-h} sum_{i=1}^{(df-1)/2} h^(i - 1/2) / Gamma(i + 1/2)
+    return math.erfc(math.sqrt(h)) + math.exp(-h) * sum(h ** (i - 0.5) / math.gamma(i + 0.5) for i in range(1, (df + 1) // 2))
+
+
+def test_chi2_sf_known_quantiles():
+    # upper 1e-3 quantiles of chi-square (standard tables)
+    for df, q in [(1, 10.828), (2, 13.816), (3, 16.266), (4, 18.467), (5, 20.515)]:
+        assert chi2_sf(q, df) == pytest.approx(1e-3, rel=1e-3)
+
+
+def chi2_pvalue(counts: Counter, p: np.ndarray) -> float:
+    """Pearson chi-square goodness-of-fit p-value of ``counts`` (token -> count) against ``p``.
+    A token with p = 0 that was observed gives p-value 0 (impossible under the target)."""
+    total = sum(counts.values())
+    if total == 0:
+        raise AssertionError("no observations")
+    support = np.flatnonzero(p > 0)
+    if any(counts[t] for t in np.flatnonzero(p == 0)):
+        return 0.0
+    expected = total * p[support] / p.sum()
+    observed = np.array([counts[int(t)] for t in support], np.float64)
+    stat = float(((observed - expected) ** 2 / expected).sum())
+    return chi2_sf(stat, len(support) - 1)
+
+
+#            root
+#      /    |     |    \
+#   n0:1  n1:2  n2:1  n3:4      n2 duplicates n0's token; n3's token has p_root = 0
+#   /  \    |
+# n4:3 n5:0 n6:2               n5's token has p = 0 at n0
+SIBLINGS = DraftTree(np.array([1, 2, 1, 4, 3, 0, 2]), np.array([-1, -1, -1, -1, 0, 0, 1]))
+PROBS = np.array(
+    [
+        [0.10, 0.30, 0.25, 0.35, 0.00],  # slot 0: root
+        [0.00, 0.10, 0.30, 0.35, 0.25],  # slot 1: n0 (token 1)
+        [0.40, 0.00, 0.20, 0.10, 0.30],  # slot 2: n1 (token 2)
+        [0.20, 0.20, 0.20, 0.20, 0.20],  # slot 3: n2 (never reached: its token is n0's)
+        [0.20, 0.20, 0.20, 0.20, 0.20],  # slot 4: n3 (never reached: p_root[4] = 0)
+        [0.50, 0.50, 0.00, 0.00, 0.00],  # slots 5..7: leaves (only reached by a third token)
+        [0.00, 0.00, 0.50, 0.50, 0.00],
+        [0.00, 0.00, 0.00, 0.50, 0.50],
+    ]
+)
+RUNS = 20_000
+# Significance of every goodness-of-fit test below. With a fixed seed the outcome is
+# deterministic; at 1e-3 a correct walk fails by chance with probability ~3e-3 per seed.
+ALPHA = 1e-3
+
+
+def emitted_pvalues(walk_fn, seed: int = 0) -> dict[str, float]:
+    """Chi-square p-values of the first two emitted tokens of ``RUNS`` walks over SIBLINGS, and
+    how many walks accepted an unreachable first node.
+
+    Events: the first emitted token over all runs ~ p_root; the second emitted token given that
+    the first one was an accepted node ~ p at that node's slot (a walk whose first token is
+    recovered stops there, so it has no second token and is not counted)."""
+    rng = np.random.default_rng(seed)
+    first: Counter = Counter()
+    first_node: Counter = Counter()  # accepted first node (-1 = the first token was recovered)
+    second: dict[int, Counter] = {0: Counter(), 1: Counter()}  # given accepted n0 / n1
+    for _ in range(RUNS):
+        walk = walk_fn(SIBLINGS, PROBS, rng)
+        first[int(walk.emitted[0])] += 1
+        node = int(walk.path[0]) if len(walk.path) else -1
+        first_node[node] += 1
+        if node in second:
+            second[node][int(walk.emitted[1])] += 1
+    return {
+        "first": chi2_pvalue(first, PROBS[0]),
+        "second | n0": chi2_pvalue(second[0], PROBS[1]),
+        "second | n1": chi2_pvalue(second[1], PROBS[2]),
+        # n2 repeats n0's token and n3's token has p_root = 0: neither may ever be accepted
+        "n2 or n3 accepted": float(first_node[2] + first_node[3]),
+    }
+
+
+def test_walk_sampling_emits_the_target_distribution():
+    pvalues = emitted_pvalues(walk_sampling)
+    assert pvalues.pop("n2 or n3 accepted") == 0, pvalues
+    assert all(p > ALPHA for p in pvalues.values()), pvalues
+
+
+def broken_walk(variant: str):
+    """A copy of walk_sampling with one deliberate defect (``variant``; "none" = faithful copy)."""
+
+    def walk(tree: DraftTree, probs: np.ndarray, rng: np.random.Generator) -> Walk:
+        path, emitted, node = [], [], -1
+        while True:
+            # defect: read the parent's slot instead of this node's (off by one)
+            slot = node if variant == "wrong_slot" and node >= 0 else node + 1
+            residual = probs[slot].copy()
+            accepted = None
+            for child in tree.children(node):
+                x = int(tree.token_ids[child])
+                total = residual.sum()
+                # defect: accept with min(1, 2 r(x) / sum r)
+                gain = 2.0 if variant == "double_accept" else 1.0
+                if residual[x] > 0 and rng.random() * total < gain * residual[x]:
+                    accepted = int(child)
+                    break
+                if variant != "keep_rejected":  # defect: the rejected token stays in the residual
+                    residual[x] = 0.0
+            if accepted is None:
+                emitted.append(sample(residual, rng))
+                return Walk(np.array(path, np.int64), np.array(emitted, np.int64))
+            emitted.append(int(tree.token_ids[accepted]))
+            path.append(accepted)
+            node = accepted
+
+    return walk
+
+
+def test_broken_walk_copy_is_faithful():
+    # the defect-free copy draws exactly what walk_sampling draws: the negative checks below
+    # therefore test the defects, not a drift between the copy and the real walk
+    rng_a, rng_b = np.random.default_rng(7), np.random.default_rng(7)
+    copy = broken_walk("none")
+    for _ in range(500):
+        a, b = walk_sampling(SIBLINGS, PROBS, rng_a), copy(SIBLINGS, PROBS, rng_b)
+        assert a.path.tolist() == b.path.tolist() and a.emitted.tolist() == b.emitted.tolist()
+
+
+@pytest.mark.parametrize(
+    "variant, event",
+    [
+        ("double_accept", "first"),  # P(first = 1) becomes 0.6 instead of 0.3
+        ("keep_rejected", "first"),  # a rejected 1 is retried at n2 and can be recovered
+        ("wrong_slot", "second | n0"),  # the second token follows p_root, not p at n0
+    ],
+)
+def test_broken_walks_fail_the_same_test(variant, event):
+    pvalues = emitted_pvalues(broken_walk(variant))
+    assert pvalues[event] < ALPHA, pvalues
