@@ -24,11 +24,10 @@ from typing import Any
 import numpy as np
 import torch
 import yaml
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
-
 from specrt import contract
 from specrt.backend import OrtDecoder
 from specrt.manifest import MANIFEST_NAME, ChatTemplate, Manifest, file_entry
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from .decoder_graph import export_onnx, model_dims
 from .parity import check_parity
@@ -55,9 +54,18 @@ def producer_versions() -> dict[str, str]:
     return versions
 
 
-def eos_token_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> tuple[int, ...]:
-    """Union of the generation config's, the model config's and the tokenizer's EOS ids."""
+def eos_token_ids(
+    model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, stop_tokens: tuple[str, ...] = ()
+) -> tuple[int, ...]:
+    """Union of the generation config's, the model config's and the tokenizer's EOS ids, and the
+    ids of ``stop_tokens`` (token strings, e.g. "<|endoftext|>")."""
     ids: list[int] = []
+    for token in stop_tokens:
+        token_id = tokenizer.convert_tokens_to_ids(token)
+        if token_id is None or token_id == tokenizer.unk_token_id:
+            raise ValueError(f"stop token {token!r} is not in the tokenizer's vocabulary")
+        if token_id not in ids:
+            ids.append(int(token_id))
     for source in (getattr(model, "generation_config", None), model.config, tokenizer):
         value = getattr(source, "eos_token_id", None) if source is not None else None
         for token in value if isinstance(value, (list, tuple)) else [value]:
@@ -117,6 +125,7 @@ def build_artifact(
     check_ids: np.ndarray,
     tolerance: float,
     prefill_chunk: int,
+    stop_tokens: tuple[str, ...] = (),
     variant: str = "fp32",
 ) -> Manifest:
     """Export, copy the tokenizer, check parity and write the manifest; raises ParityError if off."""
@@ -147,7 +156,7 @@ def build_artifact(
         dims=dims,
         decoder=DECODER_FILE,
         tokenizer=TOKENIZER_FILE,
-        eos_token_ids=eos_token_ids(model, tokenizer),
+        eos_token_ids=eos_token_ids(model, tokenizer, stop_tokens),
         files=files,
         io={"inputs": [asdict(t) for t in inputs], "outputs": [asdict(t) for t in outputs]},
         producers=producer_versions(),
@@ -161,7 +170,9 @@ def build_artifact(
     return manifest
 
 
-def run(hf_dir: Path, out: Path, name: str, parity_text: Path, params: dict[str, Any]) -> dict[str, Any]:
+def run(
+    hf_dir: Path, out: Path, name: str, parity_text: Path, params: dict[str, Any], stop_tokens: tuple[str, ...]
+) -> dict[str, Any]:
     """Worker of the stage: returns the report written next to the artifact."""
     torch.manual_seed(0)
     t0 = time.perf_counter()
@@ -179,6 +190,7 @@ def run(hf_dir: Path, out: Path, name: str, parity_text: Path, params: dict[str,
         check_ids=parity_ids(tokenizer, parity_text, params["parity_tokens"]),
         tolerance=params["parity_tolerance"],
         prefill_chunk=params["prefill_chunk"],
+        stop_tokens=stop_tokens,
     )
     return {
         "model": name,
@@ -199,9 +211,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--report", type=Path, help="JSON report (default: <out>/../export.json)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    params = yaml.safe_load(args.params.read_text())["export"]
+    all_params = yaml.safe_load(args.params.read_text())
+    if args.name not in all_params.get("catalog", {}):
+        parser.error(f"--name {args.name!r} is not a key of {args.params}'s catalog")
+    stop_tokens = tuple(all_params["catalog"][args.name].get("stop_tokens", ()))
     try:
-        report = run(args.hf, args.out, args.name, args.parity_text, params)
+        report = run(args.hf, args.out, args.name, args.parity_text, all_params["export"], stop_tokens)
     except ParityError as e:
         log.error("%s", e)
         return 1

@@ -20,9 +20,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import yaml
-
 import specrt
+import yaml
 from specrt.model import SpecModel
 
 from .specbench import first_per_task, read_questions
@@ -49,7 +48,7 @@ def compare_methods(
         for tree in (False, True):
             matched = total = steps = emitted = 0
             divergences = []
-            for i, (prompt, ref) in enumerate(zip(prompts, reference)):
+            for i, (prompt, ref) in enumerate(zip(prompts, reference, strict=True)):
                 ids, loop = model.generate_ids(
                     prompt, method=method, tree=tree, max_new_tokens=max_new_tokens, draft_budget=draft_budget
                 )

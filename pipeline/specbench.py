@@ -24,9 +24,8 @@ def read_questions(path: Path) -> list[Question]:
             try:
                 row = json.loads(line)
                 category = row["category"]
-                questions.append(
-                    Question(int(row["question_id"]), "mt_bench" if category in MT_BENCH else category, tuple(row["turns"]))
-                )
+                task = "mt_bench" if category in MT_BENCH else category
+                questions.append(Question(int(row["question_id"]), task, tuple(row["turns"])))
             except (json.JSONDecodeError, KeyError, TypeError) as e:
                 raise ValueError(f"{path}:{line_no}: not a Spec-Bench row ({e})") from None
     return questions

@@ -6,7 +6,6 @@ import json
 import shutil
 
 import pytest
-
 import specrt
 from specrt import ArtifactError, InvalidRequestError
 from specrt.cli import main as cli_main

@@ -125,11 +125,34 @@ def test_sample_point_mass(token):
 
 
 def test_sample_never_draws_zero_probability_tokens():
-    # mass only on tokens 1 and 3; tokens 0, 2, 4 must never come out (including at u = 0)
+    # mass only on tokens 1 and 3; tokens 0, 2, 4 must never come out
     rng = np.random.default_rng(0)
     p = np.array([0.0, 1.0, 0.0, 1.0, 0.0])
     draws = {sample(p, rng) for _ in range(2000)}
     assert draws == {1, 3}
+
+
+class FixedUniform:
+    """An rng whose random() always returns ``u``: drives sample() onto the edges of [0, 1)."""
+
+    def __init__(self, u: float):
+        self.u = u
+
+    def random(self) -> float:
+        return self.u
+
+
+@pytest.mark.parametrize(
+    "u, expected",
+    [
+        (0.0, 1),  # u = 0: the first token with mass, not the zero-mass token 0
+        (0.5, 3),  # u on the cdf step between tokens 1 and 3: the upper token, not the empty 2
+        (1.0 - 2.0**-53, 3),  # the largest u: the last token with mass, not the trailing 4
+    ],
+)
+def test_sample_edges_of_the_unit_interval(u, expected):
+    p = np.array([0.0, 1.0, 0.0, 1.0, 0.0])  # cdf [0, 1, 1, 2, 2]
+    assert sample(p, FixedUniform(u)) == expected
 
 
 def test_sample_frequencies_follow_p():

@@ -53,6 +53,18 @@ def test_walk_greedy_picks_the_matching_sibling():
     assert walk.emitted.tolist() == [7, 2, 4]  # bonus 4 from n4's slot
 
 
+def test_walk_greedy_duplicate_siblings_take_the_first():
+    #        root
+    #       /    \
+    #    n0:5    n1:5      duplicate token: node order decides (walk_sampling, too, only ever
+    #      |      |        accepts the first of duplicate siblings)
+    #    n2:6    n3:7
+    tree = DraftTree(np.array([5, 5, 6, 7]), np.array([-1, -1, 0, 1]))
+    walk = walk_greedy(tree, target_next=np.array([5, 8, 9, 0, 0]))
+    assert walk.path.tolist() == [0]  # n0, not n1
+    assert walk.emitted.tolist() == [5, 8]  # recovered from n0's slot (n1's would give 9)
+
+
 def test_walk_greedy_rejects_root_children():
     #        root
     #       /    \

@@ -63,7 +63,8 @@ class OrtDecoder:
         )
         have_in = {i.name for i in self.session.get_inputs()}
         have_out = {o.name for o in self.session.get_outputs()}
-        missing = [t.name for t in inputs if t.name not in have_in] + [t.name for t in outputs if t.name not in have_out]
+        missing = [t.name for t in inputs if t.name not in have_in]
+        missing += [t.name for t in outputs if t.name not in have_out]
         if missing:
             raise ArtifactError(f"{path}: graph lacks contract tensors {missing[:4]} (exported by another tool?)")
 

@@ -151,7 +151,8 @@ class SpeculativeLoop:
         self.decoder.reset(min(capacity, len(prompt) + cfg.max_new_tokens + cfg.draft_budget + 1))
 
         t0 = time.perf_counter()
-        for last in prefill(self.decoder, prompt, cfg.prefill_chunk):  # keeps only the last chunk's logits
+        last = None
+        for last in prefill(self.decoder, prompt, cfg.prefill_chunk):  # noqa: B007 (keeps the last chunk only)
             pass
         first = np.array([self._choose(last[-1])], np.int64)
         stats.prefill_s = time.perf_counter() - t0

@@ -138,7 +138,9 @@ class SpecModel:
                 yield piece
 
 
-def load(folder: str | Path, *, provider: str = "cpu", threads: int | None = None, check_hashes: bool = True) -> SpecModel:
+def load(
+    folder: str | Path, *, provider: str = "cpu", threads: int | None = None, check_hashes: bool = True
+) -> SpecModel:
     """Load an artifact folder built by the pipeline (``artifacts/<model>/<variant>``).
 
     Refuses a folder whose files differ from its manifest (sizes always; sha256 unless

@@ -52,4 +52,4 @@ def target_probs(logits: np.ndarray, params: SamplingParams) -> np.ndarray:
 def sample(p: np.ndarray, rng: np.random.Generator) -> int:
     """One draw from an unnormalised non-negative vector ``p`` [vocab]."""
     cdf = np.cumsum(p)
-    return int(min(np.searchsorted(cdf, rng.random() * cdf[-1], side="left"), len(p) - 1))
+    return int(min(np.searchsorted(cdf, rng.random() * cdf[-1], side="right"), len(p) - 1))
