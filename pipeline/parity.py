@@ -36,7 +36,7 @@ def chain_parity(decoder: OrtDecoder, ids: np.ndarray, ref: np.ndarray, split: i
     """Prefill ``ids[:split]``, verify the rest as one chain; ref: [t, vocab] torch logits of ``ids``.
     Leaves ``ids[:split]`` cached."""
     decoder.reset(len(ids) + 8)
-    head = np.concatenate(list(prefill(decoder, ids[:split], chunk)))
+    head = np.concatenate([out.logits for out in prefill(decoder, ids[:split], chunk)])
     window = flatten(int(ids[split]), DraftTree.chain(ids[split + 1 :]), decoder.past)
     tail = decoder.forward(window.input_ids, window.position_ids, window.attention_bias).logits
     return _compare(np.concatenate([head, tail]), ref)

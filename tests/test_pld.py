@@ -6,8 +6,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-from specrt.drafters import METHODS, make_drafter
+from specrt.drafters import METHODS, DrafterEnv, Feedback, make_drafter
 from specrt.drafters.baseline import NoDraft
 from specrt.drafters.pld import PromptLookup, build_trie, continuations, ngram_matches
 from specrt.errors import InvalidRequestError
@@ -208,7 +207,8 @@ def test_defaults_chain_mode_3gram_1gram():
 
 
 def test_make_drafter_pld_uses_the_defaults():
-    chain, tree = make_drafter("pld"), make_drafter("pld", tree=True)
+    chain = make_drafter("pld", DrafterEnv(vocab=16, tree=False))
+    tree = make_drafter("pld", DrafterEnv(vocab=16, tree=True))
     assert isinstance(chain, PromptLookup) and isinstance(tree, PromptLookup)
     assert (chain.tree, chain.max_ngram, chain.min_ngram, chain.max_branches) == (False, 3, 1, 1)
     assert (tree.tree, tree.max_ngram, tree.min_ngram, tree.max_branches) == (True, 3, 1, 4)
@@ -248,7 +248,10 @@ def test_prompt_lookup_validation(kwargs, message):
 def test_observe_changes_nothing():
     drafter = PromptLookup()
     before = as_lists(drafter.propose(BRANCHY, budget=3))
-    drafter.observe(ctx(5, 9, 1))
+    verified = DraftTree.chain([5, 9, 1])
+    feedback = Feedback(verified, path=ctx(0, 1), logits=np.zeros((4, 16), np.float32), hidden_states=np.zeros((4, 8)))
+    drafter.begin(BRANCHY, np.zeros((len(BRANCHY), 8), np.float32))
+    drafter.observe(ctx(5, 9, 7), feedback)
     assert as_lists(drafter.propose(BRANCHY, budget=3)) == before
 
 
@@ -258,13 +261,13 @@ def test_observe_changes_nothing():
 
 def test_make_drafter_unknown_method_lists_valid_ones():
     with pytest.raises(InvalidRequestError, match=r"unknown method 'eagle'; valid methods: baseline, pld"):
-        make_drafter("eagle")
+        make_drafter("eagle", DrafterEnv(vocab=16, tree=False))
 
 
 def test_registry_names():
     assert sorted(METHODS) == ["baseline", "pld"]
-    assert isinstance(make_drafter("baseline", tree=True), NoDraft)
-    assert len(make_drafter("baseline").propose(BRANCHY, budget=4)) == 0
+    assert isinstance(make_drafter("baseline", DrafterEnv(vocab=16, tree=True)), NoDraft)
+    assert len(make_drafter("baseline", DrafterEnv(vocab=16, tree=False)).propose(BRANCHY, budget=4)) == 0
 
 
 # ---------------------------------------------------------------------------------------------

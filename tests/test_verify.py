@@ -7,7 +7,6 @@ from collections import Counter
 
 import numpy as np
 import pytest
-
 from specrt.sampling import sample
 from specrt.tree import DraftTree
 from specrt.verify import Walk, walk_greedy, walk_sampling
@@ -126,7 +125,9 @@ def chi2_sf(x: float, df: int) -> float:
     if df % 2 == 0:  # e^{-h} sum_{i < df/2} h^i / i!
         return math.exp(-h) * sum(h**i / math.factorial(i) for i in range(df // 2))
     # erfc(sqrt(h)) + e^{-h} sum_{i=1}^{(df-1)/2} h^(i - 1/2) / Gamma(i + 1/2)
-    return math.erfc(math.sqrt(h)) + math.exp(-h) * sum(h ** (i - 0.5) / math.gamma(i + 0.5) for i in range(1, (df + 1) // 2))
+    return math.erfc(math.sqrt(h)) + math.exp(-h) * sum(
+        h ** (i - 0.5) / math.gamma(i + 0.5) for i in range(1, (df + 1) // 2)
+    )
 
 
 def test_chi2_sf_known_quantiles():

@@ -16,7 +16,7 @@ import numpy as np
 import onnxruntime as ort
 
 from . import contract
-from .errors import ArtifactError, InvalidRequestError
+from .errors import ArtifactError, InvalidRequestError, SpecrtError
 from .manifest import ModelDims
 
 log = logging.getLogger(__name__)
@@ -104,7 +104,10 @@ class OrtDecoder:
         hidden = np.empty((1, s, self.dims.hidden), np.float32)
         self._bind(binding.bind_output, contract.LOGITS, logits)
         self._bind(binding.bind_output, contract.HIDDEN_STATES, hidden)
-        self.session.run_with_iobinding(binding)
+        try:
+            self.session.run_with_iobinding(binding)
+        except Exception as e:  # onnxruntime's own exception types; should not happen on valid input
+            raise SpecrtError(f"decoder forward failed (s={s}, past={past}): {type(e).__name__}: {e}") from None
         return ForwardOutput(logits=logits[0], hidden_states=hidden[0])
 
     @staticmethod

@@ -15,7 +15,7 @@ from dataclasses import asdict
 
 from .drafters import METHODS
 from .errors import SpecrtError
-from .model import load
+from .model import TextStream, load
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -48,18 +48,24 @@ def _generate(args: argparse.Namespace) -> None:
         top_k=args.top_k, top_p=args.top_p, seed=args.seed, draft_budget=args.draft_budget,
     )
     if args.stream and not args.json:
-        for piece in model.stream(prompt, chat=args.chat, **options):
-            print(piece, end="", flush=True)
+        loop, chunks = model.stream_ids(model.encode(prompt, chat=args.chat), **options)
+        text = TextStream(model.tokenizer)
+        for chunk in chunks:
+            print(text.push(chunk), end="", flush=True)
         print()
+        _print_stats(args.method, args.tree, loop.finish_reason or "length", loop.stats.as_dict())
         return
     result = model.generate(prompt, chat=args.chat, **options)
     if args.json:
         print(json.dumps(asdict(result), indent=2))
         return
     print(result.text)
-    s = result.stats
+    _print_stats(result.method, result.tree, result.finish_reason, result.stats)
+
+
+def _print_stats(method: str, tree: bool, finish_reason: str, s: dict) -> None:
     print(
-        f"[{result.method}{' tree' if result.tree else ''}] {s['new_tokens']} tokens ({result.finish_reason}); "
+        f"[{method}{' tree' if tree else ''}] {s['new_tokens']} tokens ({finish_reason}); "
         f"decode {s['decode_tokens_per_s']:.1f} tok/s; "
         f"mean accepted tokens/step {s['mean_accepted_tokens_per_step']:.2f}; "
         f"prefill {s['prompt_tokens']} tokens in {s['prefill_s'] * 1000:.0f} ms",

@@ -18,8 +18,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .backend import OrtDecoder
-from .drafters import Drafter
+from .backend import ForwardOutput, OrtDecoder
+from .cost import VerifyCostModel
+from .drafters import Drafter, Feedback
 from .errors import InvalidRequestError
 from .sampling import SamplingParams, sample, target_probs
 from .tree import DraftTree, causal_bias, flatten
@@ -89,25 +90,33 @@ class LoopStats:
         }
 
 
-def prefill(decoder: OrtDecoder, ids: np.ndarray, chunk: int) -> Iterator[np.ndarray]:
+def prefill(decoder: OrtDecoder, ids: np.ndarray, chunk: int) -> Iterator[ForwardOutput]:
     """Cache ``ids`` ([t] int64) after the decoder's past, ``chunk`` positions per pass; yields
-    each pass's logits [<= chunk, vocab]."""
+    each pass's output (logits [<= chunk, vocab], hidden states [<= chunk, hidden])."""
     for start in range(0, len(ids), chunk):
         piece = ids[start : start + chunk]
         past = decoder.past
         out = decoder.forward(piece, np.arange(past, past + len(piece)), causal_bias(past, len(piece)))
         decoder.commit(np.arange(len(piece)))
-        yield out.logits
+        yield out
 
 
 class SpeculativeLoop:
     """Runs one request on a decoder; iterate :meth:`run` for emitted token chunks."""
 
-    def __init__(self, decoder: OrtDecoder, drafter: Drafter, eos_token_ids: tuple[int, ...], config: LoopConfig):
+    def __init__(
+        self,
+        decoder: OrtDecoder,
+        drafter: Drafter,
+        eos_token_ids: tuple[int, ...],
+        config: LoopConfig,
+        cost: VerifyCostModel | None = None,
+    ):
         self.decoder = decoder
         self.drafter = drafter
         self.eos = np.array(eos_token_ids, np.int64)
         self.config = config
+        self.cost = cost
         self.rng = np.random.default_rng(config.seed)
         self.stats = LoopStats()
         self.finish_reason: str | None = None
@@ -151,14 +160,15 @@ class SpeculativeLoop:
         self.decoder.reset(min(capacity, len(prompt) + cfg.max_new_tokens + cfg.draft_budget + 1))
 
         t0 = time.perf_counter()
-        last = None
-        for last in prefill(self.decoder, prompt, cfg.prefill_chunk):  # noqa: B007 (keeps the last chunk only)
-            pass
-        first = np.array([self._choose(last[-1])], np.int64)
+        hidden = []
+        for out in prefill(self.decoder, prompt, cfg.prefill_chunk):
+            hidden.append(out.hidden_states)
+        first = np.array([self._choose(out.logits[-1])], np.int64)
         stats.prefill_s = time.perf_counter() - t0
         emitted, self.finish_reason = self._stop(first, 0)
         context = np.concatenate([prompt, emitted])
         stats.new_tokens = len(emitted)
+        self.drafter.begin(prompt, np.concatenate(hidden))
         yield emitted
 
         while self.finish_reason is None:
@@ -175,7 +185,10 @@ class SpeculativeLoop:
             window = flatten(int(context[-1]), tree, self.decoder.past)
             t = time.perf_counter()
             out = self.decoder.forward(window.input_ids, window.position_ids, window.attention_bias)
-            stats.verify_s += time.perf_counter() - t
+            elapsed = time.perf_counter() - t
+            stats.verify_s += elapsed
+            if self.cost is not None:
+                self.cost.record(len(window.input_ids), elapsed)
             walk = self._walk(tree, out.logits)
             self.decoder.commit(np.concatenate([[0], walk.path + 1]))
 
@@ -186,6 +199,6 @@ class SpeculativeLoop:
             stats.accepted_lengths.append(len(walk.path))
             stats.new_tokens += len(emitted)
             context = np.concatenate([context, emitted])
-            self.drafter.observe(emitted)
+            self.drafter.observe(emitted, Feedback(tree, walk.path, out.logits, out.hidden_states))
             stats.decode_s += time.perf_counter() - t_step
             yield emitted

@@ -18,7 +18,8 @@ import numpy as np
 from tokenizers import Tokenizer
 
 from .backend import OrtDecoder
-from .drafters import make_drafter
+from .cost import VerifyCostModel
+from .drafters import Drafter, DrafterEnv, make_drafter
 from .engine import LoopConfig, SpeculativeLoop
 from .errors import ArtifactError, InvalidRequestError
 from .manifest import Manifest, read_manifest
@@ -58,9 +59,14 @@ class TextStream:
 class SpecModel:
     """A loaded artifact: tokenizer + ONNX decoder + KV cache. One request at a time."""
 
-    def __init__(self, folder: Path, manifest: Manifest, *, provider: str, threads: int | None):
+    def __init__(
+        self, folder: Path, manifest: Manifest, *, provider: str, threads: int | None, datastore: Path | None = None
+    ):
         self.folder = folder
         self.manifest = manifest
+        self.datastore = datastore
+        self.drafter_state: dict[str, Any] = {}  # per-method state that outlives a request
+        self.verify_cost = VerifyCostModel()  # measured verify-pass time by window size
         try:
             self.tokenizer = Tokenizer.from_file(str(folder / manifest.tokenizer))
         except Exception as e:  # the tokenizers library raises a bare Exception on bad JSON
@@ -84,7 +90,7 @@ class SpecModel:
         prompt_ids: np.ndarray | list[int],
         *,
         max_new_tokens: int = 128,
-        method: str = "pld",
+        method: str | Drafter = "pld",
         tree: bool = False,
         temperature: float = 0.0,
         top_k: int = 0,
@@ -93,7 +99,9 @@ class SpecModel:
         draft_budget: int = 8,
         prefill_chunk: int = 256,
     ) -> tuple[SpeculativeLoop, Iterator[np.ndarray]]:
-        """The loop for one request on token ids, and the iterator of its emitted token chunks."""
+        """The loop for one request on token ids, and the iterator of its emitted token chunks.
+
+        ``method`` is a registered name (``specrt.METHODS``) or a ready Drafter instance."""
         ids = np.asarray(prompt_ids, dtype=np.int64).reshape(-1)
         vocab = self.manifest.dims.vocab
         if len(ids) and (ids.min() < 0 or ids.max() >= vocab):
@@ -105,8 +113,18 @@ class SpecModel:
             prefill_chunk=prefill_chunk,
             seed=seed,
         )
-        loop = SpeculativeLoop(self.decoder, make_drafter(method, tree=tree), self.manifest.eos_token_ids, config)
+        drafter = make_drafter(method, self.drafter_env(tree)) if isinstance(method, str) else method
+        loop = SpeculativeLoop(self.decoder, drafter, self.manifest.eos_token_ids, config, self.verify_cost)
         return loop, loop.run(ids)
+
+    def drafter_env(self, tree: bool) -> DrafterEnv:
+        return DrafterEnv(
+            vocab=self.manifest.dims.vocab,
+            tree=tree,
+            state=self.drafter_state,
+            datastore=self.datastore,
+            verify_cost=self.verify_cost.estimate,
+        )
 
     def generate_ids(self, prompt_ids: np.ndarray | list[int], **options: Any) -> tuple[np.ndarray, SpeculativeLoop]:
         """All emitted token ids ([k] int64) for ``prompt_ids``, and the finished loop (stats)."""
@@ -123,7 +141,7 @@ class SpecModel:
             token_ids=tuple(ids.tolist()),
             prompt_token_ids=tuple(prompt_ids.tolist()),
             finish_reason=loop.finish_reason or "length",
-            method=options.get("method", "pld"),
+            method=str(options.get("method", "pld")),
             tree=bool(options.get("tree", False)),
             stats=loop.stats.as_dict(),
         )
@@ -139,7 +157,12 @@ class SpecModel:
 
 
 def load(
-    folder: str | Path, *, provider: str = "cpu", threads: int | None = None, check_hashes: bool = True
+    folder: str | Path,
+    *,
+    provider: str = "cpu",
+    threads: int | None = None,
+    check_hashes: bool = True,
+    datastore: str | Path | None = None,
 ) -> SpecModel:
     """Load an artifact folder built by the pipeline (``artifacts/<model>/<variant>``).
 
@@ -147,4 +170,6 @@ def load(
     ``check_hashes=False``).
     """
     folder = Path(folder)
-    return SpecModel(folder, read_manifest(folder, check_hashes=check_hashes), provider=provider, threads=threads)
+    manifest = read_manifest(folder, check_hashes=check_hashes)
+    store = Path(datastore) if datastore is not None else None
+    return SpecModel(folder, manifest, provider=provider, threads=threads, datastore=store)

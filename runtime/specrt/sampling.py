@@ -29,7 +29,10 @@ class SamplingParams:
 
 
 def target_probs(logits: np.ndarray, params: SamplingParams) -> np.ndarray:
-    """[n, vocab] logits -> [n, vocab] float64 probabilities of the (warped) target distribution."""
+    """[n, vocab] logits -> [n, vocab] float64 probabilities of the (warped) target distribution.
+    Greedy decoding (temperature 0) has no distribution: callers take the argmax instead."""
+    if params.greedy:
+        raise ValueError("target_probs needs temperature > 0 (greedy decoding uses the argmax)")
     z = logits.astype(np.float64) / params.temperature
     if params.top_k and params.top_k < z.shape[-1]:
         kth = np.partition(z, -params.top_k, axis=-1)[:, -params.top_k][:, None]

@@ -2,21 +2,59 @@
 
 from __future__ import annotations
 
-from typing import Protocol
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
 
 import numpy as np
 
 from ..tree import DraftTree
 
 
+@dataclass(frozen=True, eq=False)
+class Feedback:
+    """What the verifier computed in the last step, for drafters that learn from it.
+
+    Window slot 0 is the root (the token emitted before the step), slot i + 1 is tree node i.
+    """
+
+    tree: DraftTree  # the tree that was verified (n nodes)
+    path: np.ndarray  # [a] accepted node indices, root to leaf
+    logits: np.ndarray  # [n + 1, vocab] verifier logits per window slot
+    hidden_states: np.ndarray  # [n + 1, hidden] final-norm hidden states per window slot
+
+    @property
+    def accepted_slots(self) -> np.ndarray:  # [a + 1] slots of the root and the accepted path
+        return np.concatenate([[0], self.path + 1])
+
+
+@dataclass(frozen=True, eq=False)
+class DrafterEnv:
+    """What a drafter factory may use besides its own options."""
+
+    vocab: int  # ids are in [0, vocab)
+    tree: bool  # propose branching trees (True) or chains (False)
+    state: dict[str, Any] = field(default_factory=dict)  # per-model state that outlives a request, by method
+    datastore: Path | None = None  # retrieval corpus folder (built by the pipeline's corpora stage)
+    verify_cost: Callable[[int], float] | None = None  # seconds of one verify pass over s positions
+
+
 class Drafter(Protocol):
-    """One drafter instance serves one request (a fresh one is built per generate call)."""
+    """One drafter instance serves one request (a fresh one is built per generate call).
+
+    Call order: ``begin`` once with the prompt, then per step ``propose`` -> verify -> ``observe``.
+    """
+
+    def begin(self, prompt: np.ndarray, hidden_states: np.ndarray) -> None:
+        """The prompt ([t] int64) and its final-norm hidden states ([t, hidden] float32)."""
+        ...
 
     def propose(self, context: np.ndarray, budget: int) -> DraftTree:
         """A draft tree of at most ``budget`` nodes continuing ``context`` ([t] int64: prompt and
         everything emitted so far). An empty tree ("nothing to propose") is a normal answer."""
         ...
 
-    def observe(self, emitted: np.ndarray) -> None:
-        """The tokens ([k] int64) the verifier emitted after the last proposal."""
+    def observe(self, emitted: np.ndarray, feedback: Feedback) -> None:
+        """The tokens ([k] int64) the verifier emitted after the last proposal, and what it saw."""
         ...

@@ -5,14 +5,15 @@ from __future__ import annotations
 import numpy as np
 
 from ..tree import DraftTree
+from .base import Feedback
 
 
 class NoDraft:
-    def __init__(self, tree: bool = False):
-        del tree  # plain decoding is the same in chain and tree mode
-
     def propose(self, context: np.ndarray, budget: int) -> DraftTree:
         return DraftTree.empty()
 
-    def observe(self, emitted: np.ndarray) -> None:
+    def begin(self, prompt: np.ndarray, hidden_states: np.ndarray) -> None:
+        pass
+
+    def observe(self, emitted: np.ndarray, feedback: Feedback) -> None:
         pass

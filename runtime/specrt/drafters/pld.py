@@ -14,6 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..tree import DraftTree
+from .base import Feedback
 
 
 def ngram_matches(context: np.ndarray, n: int) -> np.ndarray:
@@ -74,7 +75,7 @@ class PromptLookup:
         self.tree = tree
         self.max_ngram = max_ngram
         self.min_ngram = min_ngram
-        self.max_branches = max_branches if tree else 1
+        self.max_branches = max_branches if self.tree else 1
 
     def propose(self, context: np.ndarray, budget: int) -> DraftTree:
         if budget < 1:
@@ -83,5 +84,8 @@ class PromptLookup:
         found = continuations(context, self.max_ngram, self.min_ngram, depth, self.max_branches)
         return build_trie(found, budget)
 
-    def observe(self, emitted: np.ndarray) -> None:
+    def begin(self, prompt: np.ndarray, hidden_states: np.ndarray) -> None:
+        pass
+
+    def observe(self, emitted: np.ndarray, feedback: Feedback) -> None:
         pass
