@@ -41,12 +41,20 @@ def first_divergence(a: np.ndarray, b: np.ndarray) -> int | None:
 def compare_methods(
     model: SpecModel, prompts: list[np.ndarray], methods: list[str], *, max_new_tokens: int, draft_budget: int
 ) -> dict[str, Any]:
-    """Greedy output of every method (chain and tree) vs baseline on token-id prompts."""
-    reference = [model.generate_ids(p, method="baseline", max_new_tokens=max_new_tokens)[0] for p in prompts]
+    """Greedy output of every method (chain and tree) vs baseline on token-id prompts, with the
+    decode speed of each (same process, side by side: speedup = method tok/s / baseline tok/s)."""
+    reference, base_tokens, base_s = [], 0, 0.0
+    for p in prompts:
+        ids, loop = model.generate_ids(p, method="baseline", max_new_tokens=max_new_tokens)
+        reference.append(ids)
+        base_tokens += loop.stats.decode_tokens
+        base_s += loop.stats.decode_s
+    base_tps = base_tokens / base_s if base_s else 0.0
     runs: dict[str, Any] = {}
     for method in methods:
         for tree in (False, True):
             matched = total = steps = emitted = 0
+            seconds = 0.0
             divergences = []
             for i, (prompt, ref) in enumerate(zip(prompts, reference, strict=True)):
                 ids, loop = model.generate_ids(
@@ -57,6 +65,7 @@ def compare_methods(
                 total += len(ref)
                 steps += loop.stats.steps
                 emitted += loop.stats.decode_tokens
+                seconds += loop.stats.decode_s
                 if at is not None:
                     divergences.append({"prompt": i, "position": at})
             runs[f"{method}/{'tree' if tree else 'chain'}"] = {
@@ -64,9 +73,16 @@ def compare_methods(
                 "identical": not divergences,
                 "divergences": divergences,
                 "mean_tokens_per_step": round(emitted / steps, 4) if steps else 0.0,
+                "decode_tokens_per_s": round(emitted / seconds, 3) if seconds else 0.0,
+                "speedup": round(emitted / seconds / base_tps, 3) if seconds and base_tps else 0.0,
             }
-    return {"prompts": len(prompts), "max_new_tokens": max_new_tokens, "runs": runs,
-            "lossless": all(r["identical"] for r in runs.values())}
+    return {
+        "prompts": len(prompts),
+        "max_new_tokens": max_new_tokens,
+        "baseline_decode_tokens_per_s": round(base_tps, 3),
+        "runs": runs,
+        "lossless": all(r["identical"] for r in runs.values()),
+    }
 
 
 def run(artifact: Path, questions_path: Path, params: dict[str, Any]) -> dict[str, Any]:
@@ -96,8 +112,8 @@ def main(argv: list[str] | None = None) -> int:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2) + "\n")
     for name, r in report["runs"].items():
-        log.info("%-16s identical=%s match=%.4f tokens/step=%.2f", name, r["identical"], r["token_match"],
-                 r["mean_tokens_per_step"])
+        log.info("%-22s identical=%s match=%.4f tokens/step=%.2f speedup=%.2fx", name, r["identical"],
+                 r["token_match"], r["mean_tokens_per_step"], r["speedup"])
     if not report["lossless"]:
         log.error("speculative output differs from plain decoding: see %s", args.out)
         return 1

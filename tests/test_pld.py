@@ -12,6 +12,9 @@ from specrt.drafters.pld import PromptLookup, build_trie, continuations, ngram_m
 from specrt.errors import InvalidRequestError
 from specrt.tree import DraftTree
 
+# every implemented method, and nothing else
+REGISTERED = ["adapld", "anpd", "baseline", "lookahead", "pld", "pld_plus", "token_recycling"]
+
 
 def ctx(*tokens: int) -> np.ndarray:
     return np.array(tokens, np.int64)
@@ -260,12 +263,12 @@ def test_observe_changes_nothing():
 
 
 def test_make_drafter_unknown_method_lists_valid_ones():
-    with pytest.raises(InvalidRequestError, match=r"unknown method 'eagle'; valid methods: baseline, pld"):
+    with pytest.raises(InvalidRequestError, match=r"unknown method 'eagle'; valid methods: adapld, anpd, baseline, "):
         make_drafter("eagle", DrafterEnv(vocab=16, tree=False))
 
 
 def test_registry_names():
-    assert sorted(METHODS) == ["baseline", "pld"]
+    assert sorted(METHODS) == REGISTERED
     assert isinstance(make_drafter("baseline", DrafterEnv(vocab=16, tree=True)), NoDraft)
     assert len(make_drafter("baseline", DrafterEnv(vocab=16, tree=False)).propose(BRANCHY, budget=4)) == 0
 

@@ -1,7 +1,8 @@
 """The drafter registry: method name -> factory ``(env: DrafterEnv) -> Drafter``.
 
 A method is listed here only when it is implemented; every listed method is checked against
-plain decoding by the lossless stage and the test suite.
+plain decoding by the lossless stage and the test suite. Each module has one method (or one
+family) and a module-level ``make`` factory.
 """
 
 from __future__ import annotations
@@ -9,24 +10,19 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from ..errors import InvalidRequestError
+from . import adapld, anpd, baseline, lookahead, pld, pld_plus, token_recycling
 from .base import Drafter, DrafterEnv, Feedback
-from .baseline import NoDraft
-from .pld import PromptLookup
 
 DrafterFactory = Callable[[DrafterEnv], Drafter]
 
-
-def _baseline(env: DrafterEnv) -> Drafter:
-    return NoDraft()
-
-
-def _pld(env: DrafterEnv) -> Drafter:
-    return PromptLookup(tree=env.tree)
-
-
 METHODS: dict[str, DrafterFactory] = {
-    "baseline": _baseline,
-    "pld": _pld,
+    "baseline": baseline.make,
+    "pld": pld.make,
+    "pld_plus": pld_plus.make,
+    "adapld": adapld.make,
+    "anpd": anpd.make,
+    "lookahead": lookahead.make,
+    "token_recycling": token_recycling.make,
 }
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..tree import DraftTree
-from .base import Feedback
+from .base import DrafterEnv, Feedback
 
 
 class NoDraft:
@@ -17,3 +17,7 @@ class NoDraft:
 
     def observe(self, emitted: np.ndarray, feedback: Feedback) -> None:
         pass
+
+
+def make(env: DrafterEnv) -> NoDraft:
+    return NoDraft()

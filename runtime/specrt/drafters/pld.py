@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..tree import DraftTree
-from .base import Feedback
+from .base import DrafterEnv, Feedback
 
 
 def ngram_matches(context: np.ndarray, n: int) -> np.ndarray:
@@ -89,3 +89,7 @@ class PromptLookup:
 
     def observe(self, emitted: np.ndarray, feedback: Feedback) -> None:
         pass
+
+
+def make(env: DrafterEnv) -> PromptLookup:
+    return PromptLookup(tree=env.tree)
