@@ -16,11 +16,12 @@ import logging
 from pathlib import Path
 
 import torch
-from specrt import contract
-from specrt.manifest import ModelDims
 from torch import nn
 from transformers import PreTrainedModel
 from transformers.cache_utils import DynamicCache
+
+from specrt import contract
+from specrt.manifest import ModelDims
 
 log = logging.getLogger(__name__)
 

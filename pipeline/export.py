@@ -24,10 +24,11 @@ from typing import Any
 import numpy as np
 import torch
 import yaml
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+
 from specrt import contract
 from specrt.backend import OrtDecoder
 from specrt.manifest import MANIFEST_NAME, ChatTemplate, Manifest, file_entry
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from .decoder_graph import export_onnx, model_dims
 from .parity import check_parity

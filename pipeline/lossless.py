@@ -3,7 +3,8 @@
     python -m pipeline.lossless --model artifacts/M/fp32 --prompts ../shared/data/specbench/question.jsonl \\
         --params params.yaml --out artifacts/M/lossless.json
 
-Runs ``baseline`` and every other registered method, chain and tree, greedy, on a few Spec-Bench
+Runs ``baseline`` and every other registered method (the retrieval ones when ``--datastore`` is
+given), chain and tree, greedy, on a few Spec-Bench
 prompts per task (first turns, in the model's chat template when it has one). Exit 1 on any
 divergence; the report gives per method the token match, the first divergence and the mean
 tokens per verify step.
@@ -20,13 +21,16 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import specrt
 import yaml
+
+import specrt
 from specrt.model import SpecModel
 
 from .specbench import first_per_task, read_questions
 
 log = logging.getLogger(__name__)
+
+RETRIEVAL = frozenset({"rest", "sam_decoding", "asam", "asam_verify"})  # methods that need a datastore
 
 
 def first_divergence(a: np.ndarray, b: np.ndarray) -> int | None:
@@ -53,6 +57,7 @@ def compare_methods(
     runs: dict[str, Any] = {}
     for method in methods:
         for tree in (False, True):
+            model.forget_history()  # every run starts cold: no method profits from an earlier run
             matched = total = steps = emitted = 0
             seconds = 0.0
             divergences = []
@@ -85,12 +90,12 @@ def compare_methods(
     }
 
 
-def run(artifact: Path, questions_path: Path, params: dict[str, Any]) -> dict[str, Any]:
-    model = specrt.load(artifact, threads=params.get("threads"))
+def run(artifact: Path, questions_path: Path, params: dict[str, Any], datastore: Path | None) -> dict[str, Any]:
+    model = specrt.load(artifact, threads=params.get("threads"), datastore=datastore)
     questions = first_per_task(read_questions(questions_path), params["prompts_per_task"])
     chat = model.manifest.chat is not None
     prompts = [model.encode(q.turns[0], chat=chat)[: params["max_prompt_tokens"]] for q in questions]
-    methods = [m for m in sorted(specrt.METHODS) if m != "baseline"]
+    methods = [m for m in sorted(specrt.METHODS) if m != "baseline" and (datastore or m not in RETRIEVAL)]
     t0 = time.perf_counter()
     report = compare_methods(
         model, prompts, methods, max_new_tokens=params["max_new_tokens"], draft_budget=params["draft_budget"]
@@ -106,9 +111,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--prompts", type=Path, required=True, help="Spec-Bench question.jsonl")
     parser.add_argument("--params", type=Path, default=Path("params.yaml"))
     parser.add_argument("--out", type=Path, required=True, help="metrics JSON to write")
+    parser.add_argument("--datastore", type=Path, help="retrieval datastore (corpora stage); without it the "
+                        f"retrieval methods ({', '.join(sorted(RETRIEVAL))}) are left out")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    report = run(args.model, args.prompts, yaml.safe_load(args.params.read_text())["lossless"])
+    report = run(args.model, args.prompts, yaml.safe_load(args.params.read_text())["lossless"], args.datastore)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2) + "\n")
     for name, r in report["runs"].items():

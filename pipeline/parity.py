@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import numpy as np
 import torch
+from transformers import PreTrainedModel
+
 from specrt.backend import OrtDecoder
 from specrt.engine import prefill
 from specrt.tree import DraftTree, flatten
-from transformers import PreTrainedModel
 
 
 @torch.no_grad()

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import specrt
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
+import specrt
 from specrt.drafters import DrafterEnv, Feedback, adapld, anpd, lookahead, pld_plus, token_recycling
 from specrt.drafters.adapld import AdaptivePromptLookup
 from specrt.drafters.anpd import AdaptiveNgram
@@ -15,7 +16,6 @@ from specrt.drafters.pld_plus import HiddenStore, PromptLookupPlus
 from specrt.drafters.token_recycling import DEFAULT_RANK_PROBS, TokenRecycling, tree_template
 from specrt.tree import DraftTree
 from specrt.verify import walk_greedy
-
 from tests.tiny import PROMPTS
 
 VOCAB = 10

@@ -6,6 +6,7 @@ import json
 import shutil
 
 import pytest
+
 import specrt
 from specrt import ArtifactError, InvalidRequestError
 from specrt.cli import main as cli_main
@@ -29,7 +30,7 @@ def copy(folder, tmp_path):
 
 
 def test_unknown_method_lists_valid_ones(model):
-    with pytest.raises(InvalidRequestError, match=r"unknown method 'nope'; valid methods: adapld, anpd, baseline, "):
+    with pytest.raises(InvalidRequestError, match=r"unknown method 'nope'; valid methods: adapld, anpd, asam, "):
         model.generate("x", method="nope")
 
 

@@ -7,14 +7,14 @@ import json
 import numpy as np
 import pytest
 import torch
+
+from pipeline.decoder_graph import sliding_bias
+from pipeline.parity import torch_logits
 from specrt import contract
 from specrt.backend import OrtDecoder
 from specrt.engine import prefill
 from specrt.manifest import read_manifest
 from specrt.tree import DraftTree, flatten
-
-from pipeline.decoder_graph import sliding_bias
-from pipeline.parity import torch_logits
 from tests.tiny import GEMMA_WINDOW
 
 TOLERANCE = 1e-3

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import specrt
 
+import specrt
 from pipeline.lossless import compare_methods, first_divergence
 from tests.tiny import PROMPTS
 

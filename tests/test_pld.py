@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from specrt.drafters import METHODS, DrafterEnv, Feedback, make_drafter
 from specrt.drafters.baseline import NoDraft
 from specrt.drafters.pld import PromptLookup, build_trie, continuations, ngram_matches
@@ -13,7 +14,10 @@ from specrt.errors import InvalidRequestError
 from specrt.tree import DraftTree
 
 # every implemented method, and nothing else
-REGISTERED = ["adapld", "anpd", "baseline", "lookahead", "pld", "pld_plus", "token_recycling"]
+REGISTERED = [
+    "adapld", "anpd", "asam", "asam_verify", "asd", "asd_verify", "baseline", "lookahead", "pld", "pld_plus", "rest",
+    "sam_decoding", "suffix_decoding", "token_recycling",
+]
 
 
 def ctx(*tokens: int) -> np.ndarray:
@@ -263,7 +267,7 @@ def test_observe_changes_nothing():
 
 
 def test_make_drafter_unknown_method_lists_valid_ones():
-    with pytest.raises(InvalidRequestError, match=r"unknown method 'eagle'; valid methods: adapld, anpd, baseline, "):
+    with pytest.raises(InvalidRequestError, match=r"unknown method 'eagle'; valid methods: adapld, anpd, asam, "):
         make_drafter("eagle", DrafterEnv(vocab=16, tree=False))
 
 

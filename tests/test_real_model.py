@@ -10,6 +10,7 @@ import os
 from pathlib import Path
 
 import pytest
+
 import specrt
 
 DEFAULT = Path(__file__).resolve().parents[1] / "artifacts" / "qwen2.5-coder-0.5b-instruct" / "fp32"

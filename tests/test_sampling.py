@@ -6,6 +6,7 @@ import math
 
 import numpy as np
 import pytest
+
 from specrt.errors import InvalidRequestError
 from specrt.sampling import SamplingParams, sample, target_probs
 

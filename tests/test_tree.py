@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+
 from specrt.contract import MASK_VALUE
 from specrt.tree import DraftTree, ancestor_mask, causal_bias, flatten
 

@@ -7,6 +7,7 @@ from collections import Counter
 
 import numpy as np
 import pytest
+
 from specrt.sampling import sample
 from specrt.tree import DraftTree
 from specrt.verify import Walk, walk_greedy, walk_sampling

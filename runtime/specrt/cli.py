@@ -33,6 +33,7 @@ def _parser() -> argparse.ArgumentParser:
     gen.add_argument("--seed", type=int, default=None)
     gen.add_argument("--draft-budget", type=int, default=8, help="draft-tree nodes per verify step")
     gen.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
+    gen.add_argument("--datastore", default=None, help="retrieval datastore folder (rest, sam_decoding, asam*)")
     gen.add_argument("--threads", type=int, default=None, help="onnxruntime intra-op threads")
     gen.add_argument("--provider", default="cpu", help="execution provider (cpu)")
     gen.add_argument("--stream", action="store_true", help="print text as it is accepted")
@@ -42,7 +43,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def _generate(args: argparse.Namespace) -> None:
     prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
-    model = load(args.model, provider=args.provider, threads=args.threads)
+    model = load(args.model, provider=args.provider, threads=args.threads, datastore=args.datastore)
     options = dict(
         max_new_tokens=args.max_new_tokens, method=args.method, tree=args.tree, temperature=args.temperature,
         top_k=args.top_k, top_p=args.top_p, seed=args.seed, draft_budget=args.draft_budget,

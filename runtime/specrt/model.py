@@ -19,6 +19,8 @@ from tokenizers import Tokenizer
 
 from .backend import OrtDecoder
 from .cost import VerifyCostModel
+from .datastore import STATE_KEY as DATASTORE_STATE_KEY
+from .datastore import datastore_for
 from .drafters import Drafter, DrafterEnv, make_drafter
 from .engine import LoopConfig, SpeculativeLoop
 from .errors import ArtifactError, InvalidRequestError
@@ -72,6 +74,8 @@ class SpecModel:
         except Exception as e:  # the tokenizers library raises a bare Exception on bad JSON
             raise ArtifactError(f"{folder / manifest.tokenizer}: not a valid tokenizer.json ({e})") from None
         self.decoder = OrtDecoder(folder / manifest.decoder, manifest.dims, provider=provider, threads=threads)
+        if datastore is not None:  # refuse a datastore of another tokenizer now, not at the first request
+            datastore_for(self.drafter_env(tree=False), "load")
         if not manifest.spec_safe:
             log.warning("%s/%s is flagged spec_safe=false: speculative output may differ from plain decoding",
                         manifest.name, manifest.variant)
@@ -117,6 +121,12 @@ class SpecModel:
         loop = SpeculativeLoop(self.decoder, drafter, self.manifest.eos_token_ids, config, self.verify_cost)
         return loop, loop.run(ids)
 
+    def forget_history(self) -> None:
+        """Drop what drafters learned across requests (suffix histories, adjacency tables, ...);
+        a loaded datastore stays. Benchmarks call it between methods so none profits from another."""
+        for key in [k for k in self.drafter_state if k != DATASTORE_STATE_KEY]:
+            del self.drafter_state[key]
+
     def drafter_env(self, tree: bool) -> DrafterEnv:
         return DrafterEnv(
             vocab=self.manifest.dims.vocab,
@@ -124,6 +134,7 @@ class SpecModel:
             state=self.drafter_state,
             datastore=self.datastore,
             verify_cost=self.verify_cost.estimate,
+            tokenizer_sha256=self.manifest.files[self.manifest.tokenizer].sha256,
         )
 
     def generate_ids(self, prompt_ids: np.ndarray | list[int], **options: Any) -> tuple[np.ndarray, SpeculativeLoop]:

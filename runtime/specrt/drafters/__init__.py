@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from ..errors import InvalidRequestError
-from . import adapld, anpd, baseline, lookahead, pld, pld_plus, token_recycling
+from . import adapld, anpd, asd, baseline, lookahead, pld, pld_plus, rest, sam, suffix_decoding, token_recycling
 from .base import Drafter, DrafterEnv, Feedback
 
 DrafterFactory = Callable[[DrafterEnv], Drafter]
@@ -23,6 +23,13 @@ METHODS: dict[str, DrafterFactory] = {
     "anpd": anpd.make,
     "lookahead": lookahead.make,
     "token_recycling": token_recycling.make,
+    "rest": rest.make,
+    "sam_decoding": sam.make,
+    "asam": sam.make_asam,
+    "asam_verify": sam.make_asam_verify,
+    "suffix_decoding": suffix_decoding.make,
+    "asd": asd.make_asd,
+    "asd_verify": asd.make_asd_verify,
 }
 
 

@@ -38,6 +38,7 @@ class DrafterEnv:
     state: dict[str, Any] = field(default_factory=dict)  # per-model state that outlives a request, by method
     datastore: Path | None = None  # retrieval corpus folder (built by the pipeline's corpora stage)
     verify_cost: Callable[[int], float] | None = None  # seconds of one verify pass over s positions
+    tokenizer_sha256: str | None = None  # the model's tokenizer.json; a datastore must match it
 
 
 class Drafter(Protocol):
