@@ -12,6 +12,7 @@ import argparse
 import json
 import sys
 from dataclasses import asdict
+from pathlib import Path
 
 from .drafters import METHODS
 from .errors import SpecrtError
@@ -33,7 +34,12 @@ def _parser() -> argparse.ArgumentParser:
     gen.add_argument("--seed", type=int, default=None)
     gen.add_argument("--draft-budget", type=int, default=8, help="draft-tree nodes per verify step")
     gen.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
-    gen.add_argument("--datastore", default=None, help="retrieval datastore folder (rest, sam_decoding, asam*)")
+    gen.add_argument(
+        "--datastore",
+        default=None,
+        help="retrieval datastore folder for rest, sam_decoding, asam* (default: the model folder's sibling "
+        "'datastore' when the pipeline built one)",
+    )
     gen.add_argument("--threads", type=int, default=None, help="onnxruntime intra-op threads")
     gen.add_argument("--provider", default="cpu", help="execution provider (cpu)")
     gen.add_argument("--stream", action="store_true", help="print text as it is accepted")
@@ -43,7 +49,11 @@ def _parser() -> argparse.ArgumentParser:
 
 def _generate(args: argparse.Namespace) -> None:
     prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
-    model = load(args.model, provider=args.provider, threads=args.threads, datastore=args.datastore)
+    datastore = args.datastore
+    sibling = Path(args.model).parent / "datastore"
+    if datastore is None and (sibling / "manifest.json").is_file():
+        datastore = sibling
+    model = load(args.model, provider=args.provider, threads=args.threads, datastore=datastore)
     options = dict(
         max_new_tokens=args.max_new_tokens, method=args.method, tree=args.tree, temperature=args.temperature,
         top_k=args.top_k, top_p=args.top_p, seed=args.seed, draft_budget=args.draft_budget,

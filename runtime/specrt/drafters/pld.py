@@ -33,15 +33,30 @@ def continuations(context: np.ndarray, max_ngram: int, min_ngram: int, length: i
     seen: set[tuple[int, ...]] = set()
     found: list[np.ndarray] = []
     for n in range(min(max_ngram, len(context) - 1), min_ngram - 1, -1):
-        for start in ngram_matches(context, n):
-            cont = context[start + n : start + n + length]
-            key = tuple(cont.tolist())
-            if len(cont) and key not in seen:
-                seen.add(key)
-                found.append(cont)
-                if len(found) == limit:
-                    return found
+        if add_distinct(found, seen, context, ngram_matches(context, n) + n, length, limit):
+            break
     return found
+
+
+def add_distinct(
+    found: list[np.ndarray],
+    seen: set[tuple[int, ...]],
+    context: np.ndarray,
+    starts: np.ndarray,  # [m] start index of each continuation, in order of preference
+    length: int,
+    limit: int,
+) -> bool:
+    """Append ``context[s : s + length]`` for each start s (in order) unless empty or already seen;
+    True once ``found`` holds ``limit`` continuations."""
+    for start in starts:
+        cont = context[start : start + length]
+        key = tuple(cont.tolist())
+        if len(cont) and key not in seen:
+            seen.add(key)
+            found.append(cont)
+            if len(found) == limit:
+                return True
+    return False
 
 
 def build_trie(paths: list[np.ndarray], budget: int) -> DraftTree:

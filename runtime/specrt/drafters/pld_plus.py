@@ -42,7 +42,7 @@ import numpy as np
 
 from ..tree import DraftTree
 from .base import DrafterEnv, Feedback
-from .pld import build_trie, continuations, ngram_matches
+from .pld import add_distinct, build_trie, continuations, ngram_matches
 
 
 class HiddenStore:
@@ -144,14 +144,8 @@ class PromptLookupPlus:
             keys = starts + n - 2  # [m] position before each occurrence's last token
             scores = np.full(len(starts), -np.inf, np.float32)  # [m]
             scores[keys >= 0] = rows[keys[keys >= 0]] @ query
-            for start in starts[np.argsort(-scores, kind="stable")]:
-                cont = context[start + n : start + n + length]
-                key = tuple(cont.tolist())
-                if len(cont) and key not in seen:
-                    seen.add(key)
-                    found.append(cont)
-                    if len(found) == limit:
-                        return found
+            if add_distinct(found, seen, context, starts[np.argsort(-scores, kind="stable")] + n, length, limit):
+                break
         return found
 
     def propose(self, context: np.ndarray, budget: int) -> DraftTree:
