@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import shutil
 from dataclasses import dataclass
 
 import numpy as np
@@ -359,3 +360,14 @@ def test_retrieval_drafters_are_bit_exact_with_baseline(model, tree):
             accepted[name] += loop.stats.accepted
     print(f"accepted drafts over {len(PROMPTS)} prompts:", accepted)
     assert all(n > 5 for n in accepted.values()), accepted
+
+
+def test_cli_finds_the_sibling_datastore(tiny_artifact, tmp_path, capsys):
+    from specrt.cli import main as cli_main
+
+    folder = tmp_path / "model" / "fp32"
+    shutil.copytree(tiny_artifact[0], folder)
+    assert cli_main(["generate", "--model", str(folder), "--method", "sam_decoding", "--max-new-tokens", "5", "x"]) == 2
+    assert "has none" in capsys.readouterr().err  # no datastore beside the model yet
+    build_from_texts([("code", "tests", TRAINING_TEXT)], folder / "tokenizer.json", folder.parent / "datastore")
+    assert cli_main(["generate", "--model", str(folder), "--method", "sam_decoding", "--max-new-tokens", "5", "x"]) == 0

@@ -14,6 +14,7 @@ import sys
 from dataclasses import asdict
 from pathlib import Path
 
+from .datastore import MANIFEST_NAME as DATASTORE_MANIFEST
 from .drafters import METHODS
 from .errors import SpecrtError
 from .model import TextStream, load
@@ -51,7 +52,7 @@ def _generate(args: argparse.Namespace) -> None:
     prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
     datastore = args.datastore
     sibling = Path(args.model).parent / "datastore"
-    if datastore is None and (sibling / "manifest.json").is_file():
+    if datastore is None and (sibling / DATASTORE_MANIFEST).is_file():
         datastore = sibling
     model = load(args.model, provider=args.provider, threads=args.threads, datastore=datastore)
     options = dict(
