@@ -1,7 +1,7 @@
 """Stage ``corpora``: real text -> a retrieval datastore tokenized with a target's tokenizer.
 
     python -m pipeline.corpora --tokenizer artifacts/M/fp32/tokenizer.json --out artifacts/M/datastore \\
-        --params params.yaml --cache artifacts/.cache/wheels --report artifacts/M/corpora.json
+        --params params.yaml --report artifacts/M/corpora.json
 
 Sources (no model hub needed), each cut at ``max_tokens`` (params.yaml, section ``corpora``):
 
@@ -26,6 +26,7 @@ import logging
 import os
 import sys
 import sysconfig
+import tempfile
 import time
 import zipfile
 from collections.abc import Iterator
@@ -44,6 +45,7 @@ from specrt.drafters.sam import AcceptanceModel, AdaptiveSam, SamDecoding
 from specrt.manifest import sha256_file
 from specrt.verify import walk_greedy
 
+from .atomic import staged_dir, write_text_atomic
 from .weights import PackageSpec, fetch_package
 
 log = logging.getLogger(__name__)
@@ -168,7 +170,8 @@ def build_from_texts(
     for name, origin, texts in sources:
         encs = tokenizer.encode_batch(list(texts), add_special_tokens=False) if texts else []
         tokenized.append((name, origin, [np.array(e.ids, np.int32) for e in encs]))
-    manifest = write_datastore(out, tokenized, sha256_file(tokenizer_json))
+    with staged_dir(out) as stage:  # out appears complete or not at all (pipeline.atomic)
+        manifest = write_datastore(stage, tokenized, sha256_file(tokenizer_json))
     return json.loads(manifest.to_json())
 
 
@@ -251,9 +254,10 @@ def run(tokenizer_json: Path, out: Path, cache: Path, params: dict[str, Any]) ->
     tokenize_s = time.perf_counter() - t_start
 
     t0 = time.perf_counter()
-    manifest = write_datastore(
-        out, [(s.name, s.origin, s.documents) for s in sources], sha256_file(tokenizer_json)
-    )
+    with staged_dir(out) as stage:  # out appears complete or not at all (pipeline.atomic)
+        manifest = write_datastore(
+            stage, [(s.name, s.origin, s.documents) for s in sources], sha256_file(tokenizer_json)
+        )
     index_s = time.perf_counter() - t0
     build_s = time.perf_counter() - t_start
 
@@ -287,16 +291,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tokenizer", type=Path, required=True, help="the target artifact's tokenizer.json")
     parser.add_argument("--out", type=Path, required=True, help="datastore folder to write")
     parser.add_argument("--params", type=Path, default=Path("params.yaml"))
-    parser.add_argument("--cache", type=Path, required=True, help="folder for downloaded archives")
+    parser.add_argument("--cache", type=Path, help="folder to keep downloaded archives in (default: a temporary "
+                        "folder, removed at the end)")
     parser.add_argument("--report", type=Path, help="metrics JSON (default: <out>/../corpora.json)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     params = yaml.safe_load(args.params.read_text()).get("corpora")
     if not params:
         parser.error(f"{args.params} has no 'corpora' section")
-    report = run(args.tokenizer, args.out, args.cache, params)
+    with tempfile.TemporaryDirectory(prefix="specrt-wheels-") as tmp:
+        report = run(args.tokenizer, args.out, args.cache or Path(tmp), params)
     report_path = args.report or args.out.parent / "corpora.json"
-    report_path.write_text(json.dumps(report, indent=2) + "\n")
+    write_text_atomic(report_path, json.dumps(report, indent=2) + "\n")
     log.info("wrote %s", report_path)
     return 0
 

@@ -30,8 +30,11 @@ from specrt import contract
 from specrt.backend import OrtDecoder
 from specrt.manifest import MANIFEST_NAME, ChatTemplate, Manifest, file_entry
 
+from .atomic import staged_dir, write_text_atomic
 from .decoder_graph import export_onnx, model_dims
 from .parity import check_parity
+from .spec_gate import gate_from_params
+from .specbench import calibration_prompts
 
 log = logging.getLogger(__name__)
 
@@ -115,6 +118,22 @@ def parity_ids(tokenizer: PreTrainedTokenizerBase, jsonl: Path, n_tokens: int) -
 
 
 def build_artifact(
+    model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, tokenizer_json: Path, out: Path, **options: Any
+) -> Manifest:
+    """Export, copy the tokenizer, check parity and write the manifest (options: see
+    :func:`_write_artifact`) into a folder beside ``out``, renamed onto ``out`` once complete
+    (pipeline.atomic): ``out`` never holds a half-written artifact, and an interrupted run leaves an
+    old ``out`` as it was. A failed parity check still publishes the folder, with
+    ``parity_failed.json`` and without a manifest (the runtime refuses it), then raises ParityError."""
+    with staged_dir(out) as stage:
+        manifest = _write_artifact(model, tokenizer, tokenizer_json, stage, **options)
+    parity = manifest.checks["parity"]
+    if not parity["ok"]:
+        raise ParityError(f"{out}: ONNX logits differ from torch beyond {parity['tolerance']}: {parity}")
+    return manifest
+
+
+def _write_artifact(
     model: PreTrainedModel,
     tokenizer: PreTrainedTokenizerBase,
     tokenizer_json: Path,
@@ -128,14 +147,16 @@ def build_artifact(
     prefill_chunk: int,
     stop_tokens: tuple[str, ...] = (),
     variant: str = "fp32",
+    gate_prompts: list[np.ndarray] | None = None,
+    gate: dict[str, Any] | None = None,
 ) -> Manifest:
-    """Export, copy the tokenizer, check parity and write the manifest; raises ParityError if off."""
+    """Export, copy the tokenizer, check parity and run the spec-safety gate (pipeline.spec_gate)
+    into the empty folder ``out``, then write the manifest, or ``parity_failed.json`` instead when
+    parity is off (``checks["parity"]["ok"]``). The gate runs on ``gate_prompts`` with ``gate``
+    settings (params.yaml: gate); by default on the first half of ``check_ids``, briefly."""
     model = model.float().eval()
     max_context = min(max_context, getattr(model.config, "max_position_embeddings", max_context))
     dims = model_dims(model, max_context)
-    if out.exists():
-        shutil.rmtree(out)
-    out.mkdir(parents=True)
     t0 = time.perf_counter()
     export_onnx(model, dims, out / DECODER_FILE, opset)
     export_s = time.perf_counter() - t0
@@ -147,6 +168,13 @@ def build_artifact(
     parity = check_parity(model, decoder, check_ids, chunk=prefill_chunk, tolerance=tolerance)
     parity["seconds"] = round(time.perf_counter() - t0, 2)
     log.info("parity: %s", parity)
+    gate_report = gate_from_params(
+        decoder,
+        gate_prompts or [check_ids[: max(len(check_ids) // 2, 1)]],
+        gate or {"new_tokens": 16, "widths": [4], "prefill_chunk": prefill_chunk},
+    )
+    log.info("gate: spec_safe=%s, %d disagreements in %d positions", gate_report["spec_safe"],
+             gate_report["disagreements"], gate_report["positions"])
 
     inputs, outputs = contract.io_table(dims.num_layers, dims.kv_heads, dims.head_dim, dims.hidden, dims.vocab)
     files = {p.name: file_entry(p) for p in sorted(out.iterdir()) if p.name != MANIFEST_NAME}
@@ -162,17 +190,24 @@ def build_artifact(
         io={"inputs": [asdict(t) for t in inputs], "outputs": [asdict(t) for t in outputs]},
         producers=producer_versions(),
         chat=chat_template(tokenizer),
-        checks={"parity": parity, "export_s": round(export_s, 2)},
+        spec_safe=bool(gate_report["spec_safe"]),
+        checks={"parity": parity, "gate": gate_report, "export_s": round(export_s, 2)},
     )
     if not parity["ok"]:
         (out / "parity_failed.json").write_text(json.dumps(parity, indent=2))
-        raise ParityError(f"{out}: ONNX logits differ from torch beyond {tolerance}: {parity}")
-    (out / MANIFEST_NAME).write_text(manifest.to_json())
+        return manifest
+    (out / MANIFEST_NAME).write_text(manifest.to_json())  # last: a folder without it is refused
     return manifest
 
 
 def run(
-    hf_dir: Path, out: Path, name: str, parity_text: Path, params: dict[str, Any], stop_tokens: tuple[str, ...]
+    hf_dir: Path,
+    out: Path,
+    name: str,
+    parity_text: Path,
+    params: dict[str, Any],
+    stop_tokens: tuple[str, ...],
+    gate: dict[str, Any],
 ) -> dict[str, Any]:
     """Worker of the stage: returns the report written next to the artifact."""
     torch.manual_seed(0)
@@ -180,6 +215,14 @@ def run(
     model = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32)
     tokenizer = AutoTokenizer.from_pretrained(hf_dir)
     load_s = time.perf_counter() - t0
+    chat = chat_template(tokenizer)
+    wrap = (lambda text: chat.prefix + text + chat.suffix) if chat else (lambda text: text)
+    gate_prompts = calibration_prompts(
+        parity_text,
+        lambda text: np.array(tokenizer(wrap(text))["input_ids"], np.int64),
+        gate["prompts_per_task"],
+        gate["max_prompt_tokens"],
+    )
     manifest = build_artifact(
         model,
         tokenizer,
@@ -192,12 +235,15 @@ def run(
         tolerance=params["parity_tolerance"],
         prefill_chunk=params["prefill_chunk"],
         stop_tokens=stop_tokens,
+        gate_prompts=gate_prompts,
+        gate=gate,
     )
     return {
         "model": name,
         "variant": manifest.variant,
         "load_s": round(load_s, 2),
         "bytes": sum(f.bytes for f in manifest.files.values()),
+        "spec_safe": manifest.spec_safe,
         **manifest.checks,
     }
 
@@ -217,12 +263,14 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--name {args.name!r} is not a key of {args.params}'s catalog")
     stop_tokens = tuple(all_params["catalog"][args.name].get("stop_tokens", ()))
     try:
-        report = run(args.hf, args.out, args.name, args.parity_text, all_params["export"], stop_tokens)
+        report = run(
+            args.hf, args.out, args.name, args.parity_text, all_params["export"], stop_tokens, all_params["gate"]
+        )
     except ParityError as e:
         log.error("%s", e)
         return 1
     report_path = args.report or args.out.parent / "export.json"
-    report_path.write_text(json.dumps(report, indent=2) + "\n")
+    write_text_atomic(report_path, json.dumps(report, indent=2) + "\n")
     log.info("wrote %s", report_path)
     return 0
 

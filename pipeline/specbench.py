@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+
+import numpy as np
 
 MT_BENCH = frozenset({"writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities"})
 TASKS = ("mt_bench", "translation", "summarization", "qa", "math_reasoning", "rag")
@@ -34,3 +37,11 @@ def read_questions(path: Path) -> list[Question]:
 def first_per_task(questions: list[Question], n: int) -> list[Question]:
     """The first ``n`` questions of every task, in task order."""
     return [q for task in TASKS for q in [q for q in questions if q.task == task][:n]]
+
+
+def calibration_prompts(
+    path: Path, encode: Callable[[str], np.ndarray], per_task: int, max_tokens: int
+) -> list[np.ndarray]:
+    """Token ids ([<= max_tokens] int64 each) of the first ``per_task`` first turns of every task,
+    encoded by ``encode`` (which applies the model's chat template where it has one)."""
+    return [encode(q.turns[0])[:max_tokens] for q in first_per_task(read_questions(path), per_task)]

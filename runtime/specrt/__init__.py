@@ -6,8 +6,11 @@
 """
 
 from .drafters import METHODS
-from .errors import ArtifactError, InvalidRequestError, SpecrtError
+from .errors import ArtifactError, DrafterError, InvalidRequestError, SpecrtError
 from .model import GenerationResult, SpecModel, load
 
-__all__ = ["load", "SpecModel", "GenerationResult", "METHODS", "SpecrtError", "ArtifactError", "InvalidRequestError"]
+__all__ = [
+    "load", "SpecModel", "GenerationResult", "METHODS", "SpecrtError", "ArtifactError", "InvalidRequestError",
+    "DrafterError",
+]
 __version__ = "0.1.0"

@@ -1,4 +1,8 @@
-"""ONNX Runtime backend: one decoder session and the KV cache it reads and writes in place.
+"""ONNX Runtime backend: a decoder session, and the KV caches that run on it.
+
+    DecoderSession  the loaded graph (one onnxruntime InferenceSession), shared and stateless:
+                    onnxruntime runs one session from several threads at once
+    OrtDecoder      one sequence's KV cache on a DecoderSession; one per request in flight
 
 The cache is one preallocated buffer per layer and per K/V, ``[1, capacity, kv_heads, head_dim]``.
 A forward pass binds ``buf[:, :past]`` as the past input and ``buf[:, past:past + s]`` as the
@@ -46,18 +50,17 @@ def make_session(path: Path, provider: str, threads: int | None) -> ort.Inferenc
         raise ArtifactError(f"{path}: onnxruntime could not load the decoder ({type(e).__name__}: {e})") from None
 
 
-class OrtDecoder:
-    """A decoder session plus its KV cache; holds the state of one sequence at a time."""
+class DecoderSession:
+    """The decoder graph loaded in onnxruntime, checked against the I/O contract. Holds no
+    sequence state: any number of :class:`OrtDecoder` caches may run on it, from any threads."""
 
     def __init__(self, path: Path, dims: ModelDims, *, provider: str = "cpu", threads: int | None = None):
+        self.path = path
         self.dims = dims
         self.session = make_session(path, provider, threads)
-        self._check_io(path)
-        self._keys: list[np.ndarray] = []  # per layer [1, capacity, kv_heads, head_dim]
-        self._values: list[np.ndarray] = []
-        self.past = 0  # cached positions of the current sequence
+        self._check_io()
 
-    def _check_io(self, path: Path) -> None:
+    def _check_io(self) -> None:
         inputs, outputs = contract.io_table(
             self.dims.num_layers, self.dims.kv_heads, self.dims.head_dim, self.dims.hidden, self.dims.vocab
         )
@@ -66,7 +69,32 @@ class OrtDecoder:
         missing = [t.name for t in inputs if t.name not in have_in]
         missing += [t.name for t in outputs if t.name not in have_out]
         if missing:
-            raise ArtifactError(f"{path}: graph lacks contract tensors {missing[:4]} (exported by another tool?)")
+            raise ArtifactError(f"{self.path}: graph lacks contract tensors {missing[:4]} (exported by another tool?)")
+
+
+class OrtDecoder:
+    """The KV cache of one sequence, run on a :class:`DecoderSession`.
+
+    ``OrtDecoder(path, dims)`` loads its own session; ``OrtDecoder.on(session)`` shares a loaded
+    one. Not thread-safe itself: one sequence, one thread at a time."""
+
+    def __init__(self, path: Path, dims: ModelDims, *, provider: str = "cpu", threads: int | None = None):
+        self._attach(DecoderSession(path, dims, provider=provider, threads=threads))
+
+    @classmethod
+    def on(cls, graph: DecoderSession) -> OrtDecoder:
+        """A new, empty cache running on the already loaded ``graph`` (shared with other caches)."""
+        decoder = cls.__new__(cls)
+        decoder._attach(graph)
+        return decoder
+
+    def _attach(self, graph: DecoderSession) -> None:
+        self.graph = graph
+        self.dims = graph.dims
+        self.session = graph.session
+        self._keys: list[np.ndarray] = []  # per layer [1, capacity, kv_heads, head_dim]
+        self._values: list[np.ndarray] = []
+        self.past = 0  # cached positions of the current sequence
 
     @property
     def capacity(self) -> int:

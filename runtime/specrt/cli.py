@@ -16,7 +16,7 @@ from pathlib import Path
 
 from .datastore import MANIFEST_NAME as DATASTORE_MANIFEST
 from .drafters import METHODS
-from .errors import SpecrtError
+from .errors import InvalidRequestError, SpecrtError
 from .model import TextStream, load
 
 
@@ -43,18 +43,31 @@ def _parser() -> argparse.ArgumentParser:
     )
     gen.add_argument("--threads", type=int, default=None, help="onnxruntime intra-op threads")
     gen.add_argument("--provider", default="cpu", help="execution provider (cpu)")
+    gen.add_argument("--draft", default=None, help="draft model artifact folder, for --method sd, hsd or hsd_capped "
+                     "(same tokenizer as --model)")
     gen.add_argument("--stream", action="store_true", help="print text as it is accepted")
     gen.add_argument("--json", action="store_true", help="print the result and stats as one JSON object")
     return parser
 
 
+def _read_prompt(arg: str) -> str:
+    """The prompt argument, or stdin for '-'. Bytes that are not UTF-8 reach the model as lone
+    surrogates (argv) or fail to decode (stdin): both end as an InvalidRequestError, not a traceback."""
+    if arg != "-":
+        return arg
+    try:
+        return sys.stdin.read()
+    except UnicodeDecodeError as e:
+        raise InvalidRequestError(f"stdin is not valid {e.encoding} text: byte {e.start} ({e.reason})") from None
+
+
 def _generate(args: argparse.Namespace) -> None:
-    prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
+    prompt = _read_prompt(args.prompt)
     datastore = args.datastore
     sibling = Path(args.model).parent / "datastore"
     if datastore is None and (sibling / DATASTORE_MANIFEST).is_file():
         datastore = sibling
-    model = load(args.model, provider=args.provider, threads=args.threads, datastore=datastore)
+    model = load(args.model, provider=args.provider, threads=args.threads, datastore=datastore, draft=args.draft)
     options = dict(
         max_new_tokens=args.max_new_tokens, method=args.method, tree=args.tree, temperature=args.temperature,
         top_k=args.top_k, top_p=args.top_p, seed=args.seed, draft_budget=args.draft_budget,
@@ -93,6 +106,9 @@ def main(argv: list[str] | None = None) -> int:
     except SpecrtError as e:
         print(f"specrt: error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print("specrt: interrupted", file=sys.stderr)
+        return 130
     return 0
 
 

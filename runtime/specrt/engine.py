@@ -6,22 +6,29 @@
            ─► emitted = accepted + recovered|bonus; last emitted token is the next root
 
 Under greedy decoding every emitted token is the target's argmax given the tokens before it,
-so the output equals plain decoding token for token; stopping (EOS, max_new_tokens) is applied
-to the emitted tokens in order, so it stops exactly where plain decoding stops.
+so the output equals plain decoding token for token; stopping (EOS, max_new_tokens, the end of
+the model's context) is applied to the emitted tokens in order, so it stops exactly where plain
+decoding stops.
+
+The drafter is untrusted: anything it raises, and any tree that is not a well-formed DraftTree of
+at most ``budget`` nodes with token ids in ``[0, vocab)``, ends the request with a
+:class:`DrafterError` naming it, before the tree reaches the decoder.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
 from .backend import ForwardOutput, OrtDecoder
 from .cost import VerifyCostModel
 from .drafters import Drafter, Feedback
-from .errors import InvalidRequestError
+from .errors import DrafterError, InvalidRequestError, check_int
+from .rejection import Verifier, accept_tree_stochastic
 from .sampling import SamplingParams, sample, target_probs
 from .tree import DraftTree, causal_bias, flatten
 from .verify import Walk, walk_greedy, walk_sampling
@@ -36,12 +43,13 @@ class LoopConfig:
     seed: int | None = None
 
     def __post_init__(self) -> None:
-        if self.max_new_tokens < 0:
-            raise InvalidRequestError(f"max_new_tokens must be >= 0, got {self.max_new_tokens}")
-        if self.draft_budget < 0:
-            raise InvalidRequestError(f"draft_budget must be >= 0, got {self.draft_budget}")
-        if self.prefill_chunk < 1:
-            raise InvalidRequestError(f"prefill_chunk must be >= 1, got {self.prefill_chunk}")
+        check_int("max_new_tokens", self.max_new_tokens, minimum=0)
+        check_int("draft_budget", self.draft_budget, minimum=0)
+        check_int("prefill_chunk", self.prefill_chunk, minimum=1)
+        if self.seed is not None:
+            check_int("seed", self.seed)
+        if not isinstance(self.sampling, SamplingParams):
+            raise InvalidRequestError(f"sampling must be a SamplingParams, got {type(self.sampling).__name__}")
 
 
 @dataclass
@@ -90,6 +98,33 @@ class LoopStats:
         }
 
 
+def check_tree(tree: object, budget: int, vocab: int, drafter: str) -> DraftTree:
+    """``tree`` if it is a well-formed draft tree of at most ``budget`` nodes over ``[0, vocab)``,
+    else :class:`DrafterError` naming ``drafter`` and the first defect. (DraftTree checks its
+    parents when built, but its arrays stay mutable, and a drafter may build it without ints.)"""
+    if not isinstance(tree, DraftTree):
+        raise DrafterError(f"{drafter} proposed a {type(tree).__name__}, not a DraftTree")
+    ids, parents = tree.token_ids, tree.parents
+    for name, a in (("token_ids", ids), ("parents", parents)):
+        if not isinstance(a, np.ndarray) or a.ndim != 1 or not np.issubdtype(a.dtype, np.integer):
+            what = f"{a.dtype} array of shape {a.shape}" if isinstance(a, np.ndarray) else type(a).__name__
+            raise DrafterError(f"{drafter} proposed a tree whose {name} is a {what}, not a 1-D int array")
+    if parents.shape != ids.shape:
+        raise DrafterError(f"{drafter} proposed {len(ids)} token ids but {len(parents)} parents")
+    if len(ids) > budget:
+        raise DrafterError(f"{drafter} proposed {len(ids)} nodes over its budget of {budget}")
+    bad = np.flatnonzero((ids < 0) | (ids >= vocab))
+    if len(bad):
+        raise DrafterError(f"{drafter} proposed token id {int(ids[bad[0]])} outside [0, {vocab})")
+    bad = np.flatnonzero((parents < -1) | (parents >= np.arange(len(parents))))
+    if len(bad):
+        raise DrafterError(
+            f"{drafter} proposed parents[{bad[0]}] = {int(parents[bad[0]])}: need -1 <= parents[i] < i "
+            f"(parents {parents.tolist()})"
+        )
+    return tree
+
+
 def prefill(decoder: OrtDecoder, ids: np.ndarray, chunk: int) -> Iterator[ForwardOutput]:
     """Cache ``ids`` ([t] int64) after the decoder's past, ``chunk`` positions per pass; yields
     each pass's output (logits [<= chunk, vocab], hidden states [<= chunk, hidden])."""
@@ -111,15 +146,20 @@ class SpeculativeLoop:
         eos_token_ids: tuple[int, ...],
         config: LoopConfig,
         cost: VerifyCostModel | None = None,
+        method: str | None = None,  # the drafter's registered name, for error messages
     ):
         self.decoder = decoder
         self.drafter = drafter
+        kind = type(drafter).__name__
+        self.drafter_label = f"drafter {method!r} ({kind})" if method else f"drafter {kind}"
         self.eos = np.array(eos_token_ids, np.int64)
         self.config = config
         self.cost = cost
         self.rng = np.random.default_rng(config.seed)
         self.stats = LoopStats()
-        self.finish_reason: str | None = None
+        self.finish_reason: str | None = None  # "eos", "length" (max_new_tokens) or "context" (context full)
+        self._limit = config.max_new_tokens  # new tokens this request may emit (clipped by the context in run)
+        self._limit_reason = "length"
 
     def _choose(self, logits: np.ndarray) -> int:  # logits: [vocab]
         if self.config.sampling.greedy:
@@ -127,38 +167,61 @@ class SpeculativeLoop:
         return sample(target_probs(logits[None], self.config.sampling)[0], self.rng)
 
     def _walk(self, tree: DraftTree, logits: np.ndarray) -> Walk:  # logits: [n + 1, vocab]
+        """Greedy: follow the argmax (exact for any draft). Sampling: the drafter's own accept rule
+        when it has one (``verifier``, see specrt.rejection); drafts sampled from a q without one
+        (``tree.draft_probs``) get sd / multi-candidate recursive rejection sampling; deterministic
+        drafts get ``walk_sampling``."""
         if self.config.sampling.greedy:
             return walk_greedy(tree, np.argmax(logits, axis=-1))
-        return walk_sampling(tree, target_probs(logits, self.config.sampling), self.rng)
+        probs = target_probs(logits, self.config.sampling)  # [n + 1, vocab]
+        verifier: Verifier | None = getattr(self.drafter, "verifier", None)
+        if verifier is not None:
+            return verifier.walk(tree, probs, self.rng)
+        if tree.draft_probs is not None:
+            return accept_tree_stochastic(tree, tree.draft_probs, probs, self.rng)
+        return walk_sampling(tree, probs, self.rng)
 
     def _stop(self, emitted: np.ndarray, produced: int) -> tuple[np.ndarray, str | None]:
-        """Cut ``emitted`` at the first EOS (kept) or at the max_new_tokens limit."""
+        """Cut ``emitted`` at the first EOS (kept) or at the limit (max_new_tokens or the context's end)."""
+        room = self._limit - produced
         eos_at = np.flatnonzero(np.isin(emitted, self.eos))
-        if len(eos_at) and eos_at[0] < self.config.max_new_tokens - produced:
+        if len(eos_at) and eos_at[0] < room:
             return emitted[: eos_at[0] + 1], "eos"
-        room = self.config.max_new_tokens - produced
         if len(emitted) >= room:
-            return emitted[:room], "length"
+            return emitted[:room], self._limit_reason
         return emitted, None
+
+    def _call_drafter(self, step: str, fn: Callable[..., Any], *args: Any) -> Any:
+        """The drafter's ``step`` (begin / propose / observe): whatever it raises becomes a DrafterError."""
+        try:
+            return fn(*args)
+        except Exception as e:  # an untrusted plug-in: any failure is reported as the drafter's
+            raise DrafterError(f"{self.drafter_label} raised {type(e).__name__} in {step}: {e}") from e
 
     def run(self, prompt: np.ndarray) -> Iterator[np.ndarray]:
         """Yield the emitted tokens ([k] int64) step by step; ``stats`` and ``finish_reason`` are
-        final once the iterator is exhausted. prompt: [t] int64, t >= 1."""
+        final once the iterator is exhausted. prompt: [t] int64, 1 <= t < the model's context.
+
+        Prompt + generation never exceed the context (``dims.max_context``): when max_new_tokens
+        does not fit, generation stops with finish_reason "context" once the context is full."""
         cfg, stats = self.config, self.stats
-        capacity = self.decoder.dims.max_context
+        context_len = self.decoder.dims.max_context
         stats.prompt_tokens = len(prompt)
         if len(prompt) == 0:
             raise InvalidRequestError("prompt is empty: need at least one token")
-        if len(prompt) + cfg.max_new_tokens > capacity:
+        if len(prompt) >= context_len:
             raise InvalidRequestError(
-                f"prompt ({len(prompt)} tokens) + max_new_tokens ({cfg.max_new_tokens}) exceeds the "
-                f"model's context of {capacity} tokens"
+                f"prompt of {len(prompt)} tokens does not fit the model's context of {context_len} tokens "
+                f"(at most {context_len - 1} prompt tokens, leaving room for one new token)"
             )
+        if cfg.max_new_tokens > context_len - len(prompt):
+            self._limit, self._limit_reason = context_len - len(prompt), "context"
         if cfg.max_new_tokens == 0:
             self.finish_reason = "length"
             return
-        self.decoder.reset(min(capacity, len(prompt) + cfg.max_new_tokens + cfg.draft_budget + 1))
+        self.decoder.reset(min(context_len, len(prompt) + self._limit + cfg.draft_budget + 1))
 
+        vocab = self.decoder.dims.vocab
         t0 = time.perf_counter()
         hidden = []
         for out in prefill(self.decoder, prompt, cfg.prefill_chunk):
@@ -168,19 +231,20 @@ class SpeculativeLoop:
         emitted, self.finish_reason = self._stop(first, 0)
         context = np.concatenate([prompt, emitted])
         stats.new_tokens = len(emitted)
-        self.drafter.begin(prompt, np.concatenate(hidden))
+        self._call_drafter("begin", self.drafter.begin, prompt, np.concatenate(hidden))
         yield emitted
 
         while self.finish_reason is None:
             t_step = time.perf_counter()
-            remaining = cfg.max_new_tokens - stats.new_tokens
+            remaining = self._limit - stats.new_tokens
             # never draft beyond what can still be emitted or cached (the root needs one slot)
             budget = min(cfg.draft_budget, remaining - 1, self.decoder.capacity - self.decoder.past - 1)
             t = time.perf_counter()
-            tree = self.drafter.propose(context, budget) if budget > 0 else DraftTree.empty()
+            tree = DraftTree.empty()
+            if budget > 0:
+                proposed = self._call_drafter("propose", self.drafter.propose, context, budget)
+                tree = check_tree(proposed, budget, vocab, self.drafter_label)
             stats.draft_s += time.perf_counter() - t
-            if len(tree) > max(budget, 0):
-                raise RuntimeError(f"drafter proposed {len(tree)} nodes over its budget of {budget}")
 
             window = flatten(int(context[-1]), tree, self.decoder.past)
             t = time.perf_counter()
@@ -199,6 +263,7 @@ class SpeculativeLoop:
             stats.accepted_lengths.append(len(walk.path))
             stats.new_tokens += len(emitted)
             context = np.concatenate([context, emitted])
-            self.drafter.observe(emitted, Feedback(tree, walk.path, out.logits, out.hidden_states))
+            feedback = Feedback(tree, walk.path, out.logits, out.hidden_states)
+            self._call_drafter("observe", self.drafter.observe, emitted, feedback)
             stats.decode_s += time.perf_counter() - t_step
             yield emitted

@@ -87,7 +87,10 @@ def parse_manifest(raw: dict[str, Any], where: Path) -> Manifest:
     """Build a :class:`Manifest` from decoded JSON, naming the first missing or malformed field."""
     fmt = raw.get("format")
     if fmt != FORMAT:
-        raise ArtifactError(f"{where}: field 'format' is {fmt!r}, expected {FORMAT!r}")
+        raise ArtifactError(
+            f"{where}: field 'format' is {fmt!r}, expected {FORMAT!r}: this specrt reads only {FORMAT!r} "
+            "artifacts; export the model again with this version's pipeline (or use the specrt that wrote it)"
+        )
     try:
         dims = ModelDims(**_require(raw, "dims", where))
         files = {name: FileEntry(**entry) for name, entry in _require(raw, "files", where).items()}
@@ -123,8 +126,11 @@ def verify_files(manifest: Manifest, folder: Path, *, check_hashes: bool = True)
         size = path.stat().st_size
         if size != entry.bytes:
             raise ArtifactError(f"{path}: {size} bytes, manifest says {entry.bytes} (truncated or replaced?)")
-        if check_hashes and sha256_file(path) != entry.sha256:
-            raise ArtifactError(f"{path}: sha256 differs from the manifest (corrupt or replaced)")
+        if check_hashes and (found := sha256_file(path)) != entry.sha256:
+            raise ArtifactError(
+                f"{path}: sha256 differs from the manifest (corrupt or replaced): expected {entry.sha256}, "
+                f"found {found}"
+            )
 
 
 def read_manifest(folder: str | Path, *, check_hashes: bool = True) -> Manifest:

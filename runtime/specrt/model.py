@@ -4,11 +4,30 @@
     result = model.generate("def add(a, b):", max_new_tokens=64, method="pld")
     for piece in model.stream("def add(a, b):", method="pld"):
         print(piece, end="")
+
+Concurrency: a loaded model serves any number of requests at once (threads, or several streams
+interleaved in one thread). The ONNX session is shared (onnxruntime runs it from several threads);
+each request gets its own KV cache (an :class:`~specrt.backend.OrtDecoder`), so outputs never
+depend on what else runs. What outlives a request is guarded:
+
+* ``drafter_state`` (suffix trees, adjacency tables, acceptance statistics: what drafters learn
+  across requests, under keys of their own method) is lent per method to one request at a time.
+  A request that starts while another request of the same method holds it drafts with a fresh
+  private state instead (sharing only the loaded datastores, which are read-only), and its
+  history is not kept. That changes how much gets drafted, never the text.
+* ``verify_cost`` (measured verify-pass times) is shared by all requests, under a lock.
+
+A request gives back its cache and its method's state when its iterator is exhausted, closed, or
+garbage-collected (an abandoned ``stream`` never blocks later requests). A Drafter instance
+passed as ``method`` is the caller's and borrows nothing: one built from :meth:`drafter_env`
+works on the shared state, so run it when no request of its method is in flight.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
+import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,13 +36,15 @@ from typing import Any
 import numpy as np
 from tokenizers import Tokenizer
 
-from .backend import OrtDecoder
+from .backend import DecoderSession, OrtDecoder
 from .cost import VerifyCostModel
 from .datastore import STATE_KEY as DATASTORE_STATE_KEY
 from .datastore import datastore_for
-from .drafters import Drafter, DrafterEnv, make_drafter
+from .drafters import METHODS, Drafter, DrafterEnv, make_drafter
+from .drafters.baseline import NoDraft
+from .drafters.draft_model import check_vocab_compatible
 from .engine import LoopConfig, SpeculativeLoop
-from .errors import ArtifactError, InvalidRequestError
+from .errors import ArtifactError, InvalidRequestError, check_int, check_number
 from .manifest import Manifest, read_manifest
 from .sampling import SamplingParams
 
@@ -35,7 +56,7 @@ class GenerationResult:
     text: str  # the completion, special tokens removed
     token_ids: tuple[int, ...]  # the completion's tokens (an EOS that ended it included)
     prompt_token_ids: tuple[int, ...]
-    finish_reason: str  # "eos" or "length"
+    finish_reason: str  # "eos", "length" (max_new_tokens reached) or "context" (the model's context is full)
     method: str
     tree: bool
     stats: dict[str, Any]  # see specrt.engine.LoopStats.as_dict
@@ -58,31 +79,105 @@ class TextStream:
         return piece
 
 
+class SharedCostModel(VerifyCostModel):
+    """A :class:`VerifyCostModel` that concurrent requests record into and estimate from, under a lock."""
+
+    def __init__(self, decay: float = 0.9):
+        super().__init__(decay)
+        self._lock = threading.Lock()
+
+    def record(self, s: int, seconds: float) -> None:
+        with self._lock:
+            super().record(s, seconds)
+
+    def estimate(self, s: int) -> float:
+        with self._lock:
+            return super().estimate(s)
+
+
+class _Lease:
+    """What one request borrows from its model: a KV cache, and its method's shared drafter state
+    when no other request held it. Given back once, by whichever comes first: the end of the request's iterator, its
+    close(), or its garbage collection."""
+
+    def __init__(self, model: SpecModel, decoder: OrtDecoder, state_lock: threading.Lock | None):
+        self.model = model
+        self.decoder = decoder
+        self.state_lock = state_lock  # held: this request drafts with the shared drafter_state
+        self._released = False
+
+    def release(self) -> None:
+        model = self.model
+        with model._lock:
+            if self._released:
+                return
+            self._released = True
+            if not model._idle:  # keep one idle cache: sequential requests reuse its buffers
+                model._idle.append(self.decoder)
+            if self.state_lock is not None:
+                self.state_lock.release()
+
+
+def _run(loop: SpeculativeLoop, ids: np.ndarray, lease: _Lease) -> Iterator[np.ndarray]:
+    try:
+        yield from loop.run(ids)
+    finally:
+        lease.release()
+
+
 class SpecModel:
-    """A loaded artifact: tokenizer + ONNX decoder + KV cache. One request at a time."""
+    """A loaded artifact: tokenizer + ONNX decoder session. Serves concurrent requests, each on its
+    own KV cache (see the module docstring for what they share)."""
 
     def __init__(
-        self, folder: Path, manifest: Manifest, *, provider: str, threads: int | None, datastore: Path | None = None
+        self,
+        folder: Path,
+        manifest: Manifest,
+        *,
+        provider: str,
+        threads: int | None,
+        datastore: Path | None = None,
+        draft: tuple[Path, Manifest] | None = None,
     ):
         self.folder = folder
         self.manifest = manifest
         self.datastore = datastore
-        self.drafter_state: dict[str, Any] = {}  # per-method state that outlives a request
-        self.verify_cost = VerifyCostModel()  # measured verify-pass time by window size
+        self.drafter_state: dict[str, Any] = {}  # per-method state that outlives a request (lent to one at a time)
+        self.verify_cost = SharedCostModel()  # measured verify-pass time by window size
+        # guards _idle, leases and _warned_unsafe; re-entrant: a lease may be given back by the garbage
+        # collector (weakref.finalize) while this thread holds the lock
+        self._lock = threading.RLock()
+        self._state_locks: dict[str, threading.Lock] = {}  # method -> held by the request using its state
+        self._factory_lock = threading.Lock()  # one drafter factory at a time (they may load a datastore)
+        self._idle: list[OrtDecoder] = []  # a KV cache no request uses
+        self._warned_unsafe = False
         try:
             self.tokenizer = Tokenizer.from_file(str(folder / manifest.tokenizer))
         except Exception as e:  # the tokenizers library raises a bare Exception on bad JSON
             raise ArtifactError(f"{folder / manifest.tokenizer}: not a valid tokenizer.json ({e})") from None
-        self.decoder = OrtDecoder(folder / manifest.decoder, manifest.dims, provider=provider, threads=threads)
+        self.graph = DecoderSession(folder / manifest.decoder, manifest.dims, provider=provider, threads=threads)
         if datastore is not None:  # refuse a datastore of another tokenizer now, not at the first request
             datastore_for(self.drafter_env(tree=False), "load")
-        if not manifest.spec_safe:
-            log.warning("%s/%s is flagged spec_safe=false: speculative output may differ from plain decoding",
-                        manifest.name, manifest.variant)
+        self.draft_manifest: Manifest | None = None  # the draft model of sd / hsd / hsd_capped, if loaded
+        self.draft_graph: DecoderSession | None = None
+        if draft is not None:
+            draft_folder, self.draft_manifest = draft
+            check_vocab_compatible(folder / manifest.tokenizer, draft_folder / self.draft_manifest.tokenizer)
+            self.draft_graph = DecoderSession(draft_folder / self.draft_manifest.decoder, self.draft_manifest.dims,
+                                              provider=provider, threads=threads)
 
     def encode(self, prompt: str, *, chat: bool = False) -> np.ndarray:
+        """The prompt's token ids ([t] int64). Refuses a str that is not valid Unicode (lone
+        surrogates, e.g. from bytes decoded with ``errors="surrogateescape"``)."""
         if not isinstance(prompt, str):
             raise InvalidRequestError(f"prompt must be a str, got {type(prompt).__name__}")
+        try:
+            prompt.encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise InvalidRequestError(
+                f"prompt is not valid Unicode: lone surrogate U+{ord(prompt[e.start]):04X} at index {e.start} "
+                "(decode input bytes with errors='replace')"
+            ) from None
         if chat:
             if self.manifest.chat is None:
                 raise InvalidRequestError(f"{self.manifest.name} has no chat template; call without chat=True")
@@ -105,36 +200,125 @@ class SpecModel:
     ) -> tuple[SpeculativeLoop, Iterator[np.ndarray]]:
         """The loop for one request on token ids, and the iterator of its emitted token chunks.
 
-        ``method`` is a registered name (``specrt.METHODS``) or a ready Drafter instance."""
-        ids = np.asarray(prompt_ids, dtype=np.int64).reshape(-1)
-        vocab = self.manifest.dims.vocab
-        if len(ids) and (ids.min() < 0 or ids.max() >= vocab):
-            raise InvalidRequestError(f"prompt token ids must lie in [0, {vocab}), got {ids.min()}..{ids.max()}")
+        ``method`` is a registered name (``specrt.METHODS``) or a ready Drafter instance. Every
+        option is checked here, before any work; the request holds a KV cache until its iterator is
+        exhausted, closed or garbage-collected."""
+        ids = self._check_ids(prompt_ids)
+        if isinstance(tree, np.bool_) or not isinstance(tree, bool):
+            raise InvalidRequestError(f"tree must be a bool, got {type(tree).__name__} {tree!r}")
+        if not isinstance(method, str) and not all(
+            callable(getattr(method, name, None)) for name in ("begin", "propose", "observe")
+        ):
+            raise InvalidRequestError(
+                f"method must be a method name ({', '.join(sorted(METHODS))}) or a Drafter "
+                f"(begin, propose, observe), got {type(method).__name__}"
+            )
         config = LoopConfig(
             max_new_tokens=max_new_tokens,
-            sampling=SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p),
+            sampling=SamplingParams(
+                temperature=check_number("temperature", temperature),
+                top_k=check_int("top_k", top_k),
+                top_p=check_number("top_p", top_p),
+            ),
             draft_budget=draft_budget,
             prefill_chunk=prefill_chunk,
             seed=seed,
         )
-        drafter = make_drafter(method, self.drafter_env(tree)) if isinstance(method, str) else method
-        loop = SpeculativeLoop(self.decoder, drafter, self.manifest.eos_token_ids, config, self.verify_cost)
-        return loop, loop.run(ids)
+        if not self.manifest.spec_safe and method != "baseline" and not isinstance(method, NoDraft):
+            self._warn_unsafe()
+
+        lease = self._borrow(method if isinstance(method, str) else None)
+        try:
+            if isinstance(method, str):
+                with self._factory_lock:
+                    env = self._env(tree, shared=lease.state_lock is not None, sampling=config.sampling, seed=seed)
+                    drafter = make_drafter(method, env)
+            else:
+                drafter = method
+            label = method if isinstance(method, str) else None
+            loop = SpeculativeLoop(
+                lease.decoder, drafter, self.manifest.eos_token_ids, config, self.verify_cost, method=label
+            )
+        except BaseException:
+            lease.release()
+            raise
+        chunks = _run(loop, ids, lease)
+        weakref.finalize(chunks, lease.release)  # a stream dropped before its first chunk
+        return loop, chunks
+
+    def _check_ids(self, prompt_ids: np.ndarray | list[int]) -> np.ndarray:
+        """``prompt_ids`` as [t] int64, or InvalidRequestError: not integers, or outside the vocabulary."""
+        try:
+            raw = np.asarray(prompt_ids)
+        except (ValueError, TypeError) as e:
+            raise InvalidRequestError(f"prompt token ids must be a 1-D sequence of ints ({e})") from None
+        if raw.size and (raw.dtype == np.bool_ or not np.issubdtype(raw.dtype, np.integer)):
+            raise InvalidRequestError(f"prompt token ids must be ints, got dtype {raw.dtype}")
+        if raw.ndim > 1:
+            raise InvalidRequestError(f"prompt token ids must be 1-D, got shape {raw.shape}")
+        ids = raw.astype(np.int64).reshape(-1)
+        vocab = self.manifest.dims.vocab
+        if len(ids) and (ids.min() < 0 or ids.max() >= vocab):
+            raise InvalidRequestError(f"prompt token ids must lie in [0, {vocab}), got {ids.min()}..{ids.max()}")
+        return ids
+
+    def _borrow(self, method: str | None) -> _Lease:
+        """A KV cache for a new request, and ``method``'s shared drafter state unless another
+        request of that method holds it."""
+        with self._lock:
+            decoder = self._idle.pop() if self._idle else OrtDecoder.on(self.graph)
+            lock = self._state_locks.setdefault(method, threading.Lock()) if method in METHODS else None
+        if lock is not None and not lock.acquire(blocking=False):
+            lock = None
+        return _Lease(self, decoder, lock)
+
+    def _warn_unsafe(self) -> None:
+        with self._lock:
+            if self._warned_unsafe:
+                return
+            self._warned_unsafe = True
+        log.warning(
+            "%s/%s is flagged spec_safe=false (verify windows may disagree with single steps): speculative "
+            "output may differ from plain decoding; method='baseline' is exact",
+            self.manifest.name, self.manifest.variant,
+        )
 
     def forget_history(self) -> None:
         """Drop what drafters learned across requests (suffix histories, adjacency tables, ...);
-        a loaded datastore stays. Benchmarks call it between methods so none profits from another."""
-        for key in [k for k in self.drafter_state if k != DATASTORE_STATE_KEY]:
-            del self.drafter_state[key]
+        a loaded datastore stays. Benchmarks call it between methods so none profits from another.
+        A request in flight keeps what its drafter already holds."""
+        with self._factory_lock:
+            for key in [k for k in self.drafter_state if k != DATASTORE_STATE_KEY]:
+                del self.drafter_state[key]
 
     def drafter_env(self, tree: bool) -> DrafterEnv:
+        """The environment of this model's drafters, with the shared ``drafter_state``: a drafter
+        built from it and passed as ``method`` learns across requests."""
+        return self._env(tree, shared=True)
+
+    def _draft_cache(self) -> OrtDecoder:
+        """A fresh KV cache on the loaded draft model (one per request)."""
+        assert self.draft_graph is not None
+        return OrtDecoder.on(self.draft_graph)
+
+    def _env(
+        self, tree: bool, *, shared: bool, sampling: SamplingParams | None = None, seed: int | None = None
+    ) -> DrafterEnv:
+        """The drafter environment; ``shared=False``: a private state that shares only the loaded datastores."""
+        if shared:
+            state = self.drafter_state
+        else:
+            state = {DATASTORE_STATE_KEY: self.drafter_state.setdefault(DATASTORE_STATE_KEY, {})}
         return DrafterEnv(
             vocab=self.manifest.dims.vocab,
             tree=tree,
-            state=self.drafter_state,
+            state=state,
             datastore=self.datastore,
             verify_cost=self.verify_cost.estimate,
             tokenizer_sha256=self.manifest.files[self.manifest.tokenizer].sha256,
+            sampling=sampling,
+            seed=seed,
+            draft_decoder=self._draft_cache if self.draft_graph is not None else None,
         )
 
     def generate_ids(self, prompt_ids: np.ndarray | list[int], **options: Any) -> tuple[np.ndarray, SpeculativeLoop]:
@@ -161,10 +345,13 @@ class SpecModel:
         """Yield the completion's text as the verifier accepts it."""
         _, chunks = self.stream_ids(self.encode(prompt, chat=chat), **options)
         text = TextStream(self.tokenizer)
-        for chunk in chunks:
-            piece = text.push(chunk)
-            if piece:
-                yield piece
+        try:
+            for chunk in chunks:
+                piece = text.push(chunk)
+                if piece:
+                    yield piece
+        finally:
+            chunks.close()  # a stream closed early gives its KV cache back now
 
 
 def load(
@@ -174,13 +361,18 @@ def load(
     threads: int | None = None,
     check_hashes: bool = True,
     datastore: str | Path | None = None,
+    draft: str | Path | None = None,
 ) -> SpecModel:
     """Load an artifact folder built by the pipeline (``artifacts/<model>/<variant>``).
 
     Refuses a folder whose files differ from its manifest (sizes always; sha256 unless
-    ``check_hashes=False``).
+    ``check_hashes=False``). ``draft``: the artifact folder of a draft model for ``sd``, ``hsd`` and
+    ``hsd_capped``; refused unless its tokenizer maps every id to the same token as the target's.
     """
     folder = Path(folder)
     manifest = read_manifest(folder, check_hashes=check_hashes)
     store = Path(datastore) if datastore is not None else None
-    return SpecModel(folder, manifest, provider=provider, threads=threads, datastore=store)
+    draft_pair = None
+    if draft is not None:
+        draft_pair = (Path(draft), read_manifest(Path(draft), check_hashes=check_hashes))
+    return SpecModel(folder, manifest, provider=provider, threads=threads, datastore=store, draft=draft_pair)

@@ -28,6 +28,10 @@ from .contract import MASK_VALUE
 class DraftTree:
     token_ids: np.ndarray  # [n] int64
     parents: np.ndarray  # [n] int64, -1 = child of the root, parents[i] < i
+    # [n, vocab] q of each node's token position (the distribution it was drawn from); None for
+    # deterministic drafts. Siblings share their parent's row and are drawn without replacement
+    # in node order (see specrt.rejection).
+    draft_probs: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         if self.token_ids.ndim != 1 or self.parents.shape != self.token_ids.shape:
@@ -38,6 +42,8 @@ class DraftTree:
         n = len(self.parents)
         if n and (np.any(self.parents < -1) or np.any(self.parents >= np.arange(n))):
             raise ValueError(f"DraftTree: parents must satisfy -1 <= parents[i] < i, got {self.parents.tolist()}")
+        if self.draft_probs is not None and (self.draft_probs.ndim != 2 or len(self.draft_probs) != n):
+            raise ValueError(f"DraftTree: draft_probs {self.draft_probs.shape} must be [n, vocab] with n = {n}")
 
     @staticmethod
     def empty() -> DraftTree:

@@ -10,7 +10,20 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from ..errors import InvalidRequestError
-from . import adapld, anpd, asd, baseline, lookahead, pld, pld_plus, rest, sam, suffix_decoding, token_recycling
+from . import (
+    adapld,
+    anpd,
+    asd,
+    baseline,
+    draft_model,
+    lookahead,
+    pld,
+    pld_plus,
+    rest,
+    sam,
+    suffix_decoding,
+    token_recycling,
+)
 from .base import Drafter, DrafterEnv, Feedback
 
 DrafterFactory = Callable[[DrafterEnv], Drafter]
@@ -30,7 +43,11 @@ METHODS: dict[str, DrafterFactory] = {
     "suffix_decoding": suffix_decoding.make,
     "asd": asd.make_asd,
     "asd_verify": asd.make_asd_verify,
+    "sd": draft_model.make_sd,
+    "hsd": draft_model.make_hsd,
+    "hsd_capped": draft_model.make_hsd_capped,
 }
+NEEDS_DRAFT = frozenset({"sd", "hsd", "hsd_capped"})  # methods that need specrt.load(..., draft=...)
 
 
 def make_drafter(method: str, env: DrafterEnv) -> Drafter:
@@ -40,4 +57,4 @@ def make_drafter(method: str, env: DrafterEnv) -> Drafter:
     return factory(env)
 
 
-__all__ = ["Drafter", "DrafterEnv", "Feedback", "METHODS", "make_drafter"]
+__all__ = ["Drafter", "DrafterEnv", "Feedback", "METHODS", "NEEDS_DRAFT", "make_drafter"]

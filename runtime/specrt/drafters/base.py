@@ -5,11 +5,15 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
+from ..sampling import SamplingParams
 from ..tree import DraftTree
+
+if TYPE_CHECKING:
+    from ..backend import OrtDecoder
 
 
 @dataclass(frozen=True, eq=False)
@@ -39,12 +43,17 @@ class DrafterEnv:
     datastore: Path | None = None  # retrieval corpus folder (built by the pipeline's corpora stage)
     verify_cost: Callable[[int], float] | None = None  # seconds of one verify pass over s positions
     tokenizer_sha256: str | None = None  # the model's tokenizer.json; a datastore must match it
+    sampling: SamplingParams | None = None  # the request's sampling (None = greedy): drafters that sample use it
+    seed: int | None = None  # the request's seed, for a drafter's own random stream
+    draft_decoder: Callable[[], OrtDecoder] | None = None  # a fresh KV cache on the draft model, if one is loaded
 
 
 class Drafter(Protocol):
     """One drafter instance serves one request (a fresh one is built per generate call).
 
     Call order: ``begin`` once with the prompt, then per step ``propose`` -> verify -> ``observe``.
+    A drafter that samples its drafts from a distribution q (``DraftTree.draft_probs``) may name its
+    accept rule in a ``verifier`` attribute (a ``specrt.rejection.Verifier``).
     """
 
     def begin(self, prompt: np.ndarray, hidden_states: np.ndarray) -> None:

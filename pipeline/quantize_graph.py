@@ -1,0 +1,162 @@
+"""Weight-only quantization of an fp32 specrt decoder graph with onnxruntime's quantizers.
+
+    fp32 decoder.onnx ──fold tied lm_head──► MatMul(h, W[hidden, vocab])       (own initializer)
+                      ──body MatMuls──────► MatMulNBits(bits, block_size)      (int4 / int8)
+                      ──lm_head───────────► MatMulNBits(lm_head_bits) | fp32
+                      ──embedding Gather──► GatherBlockQuantized(embedding_bits) | fp32
+    or, for ``method: dynamic``: every constant-weight MatMul -> MatMulInteger (quantize_dynamic).
+
+The lm_head is found as the MatMul that produces the contract's ``logits`` output. A tied
+embedding reaches it as ``MatMul(h, Transpose(E))``, which neither quantizer touches: it is folded
+into its own ``[hidden, vocab]`` initializer first (the Gather keeps ``E``).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import numpy_helper
+
+log = logging.getLogger(__name__)
+
+METHODS = ("matmul_nbits", "dynamic")
+ONNX_IR_VERSION = 10  # onnxruntime 1.32 reads IR <= 13; the export writes 10
+
+
+@dataclass(frozen=True)
+class QuantConfig:
+    """One variant's settings (``params.yaml: quantize.variants.<name>``)."""
+
+    method: str  # "matmul_nbits" (weight-only MatMulNBits) or "dynamic" (quantize_dynamic, int8 MatMulInteger)
+    bits: int = 4  # body MatMuls (matmul_nbits)
+    block_size: int = 32  # weights per scale along K (matmul_nbits)
+    symmetric: bool = True  # no zero points (matmul_nbits)
+    accuracy_level: int = 0  # MatMulNBits compute type: 0 = fp32 activations, 4 = int8 activations
+    lm_head_bits: int | None = 8  # None keeps the lm_head fp32
+    embedding_bits: int | None = None  # 4: GatherBlockQuantized; None keeps the embedding Gather fp32
+
+    def __post_init__(self) -> None:
+        if self.method not in METHODS:
+            raise ValueError(f"quantize method must be one of {METHODS}, got {self.method!r}")
+        for name in ("bits", "lm_head_bits"):
+            value = getattr(self, name)
+            if value is not None and value not in (4, 8):
+                raise ValueError(f"quantize {name} must be 4, 8 or null, got {value!r}")
+        if self.embedding_bits not in (4, None):  # onnxruntime's quantizer makes 4-bit GatherBlockQuantized only
+            raise ValueError(f"quantize embedding_bits must be 4 or null, got {self.embedding_bits!r}")
+        if self.block_size < 16 or self.block_size & (self.block_size - 1):
+            raise ValueError(f"quantize block_size must be a power of two >= 16, got {self.block_size}")
+        if self.accuracy_level not in (0, 1, 2, 3, 4):
+            raise ValueError(f"quantize accuracy_level must be 0..4, got {self.accuracy_level}")
+        if self.method == "dynamic" and (self.bits != 8 or self.lm_head_bits not in (8, None) or self.embedding_bits):
+            raise ValueError("quantize method 'dynamic' is int8 MatMuls only: bits 8, lm_head_bits 8 or null, "
+                             "embedding_bits null")
+
+
+def _producers(graph: onnx.GraphProto) -> dict[str, onnx.NodeProto]:
+    return {out: node for node in graph.node for out in node.output}
+
+
+def lm_head_node(graph: onnx.GraphProto, logits: str = "logits") -> onnx.NodeProto:
+    """The MatMul that computes the logits output (possibly behind a Reshape/Cast)."""
+    producers = _producers(graph)
+    name = logits
+    for _ in range(4):
+        node = producers.get(name)
+        if node is None:
+            break
+        if node.op_type == "MatMul":
+            return node
+        name = node.input[0]
+    raise ValueError(f"graph has no MatMul producing {logits!r}: not a specrt decoder?")
+
+
+def fold_tied_lm_head(model: onnx.ModelProto) -> bool:
+    """Give a tied lm_head ``MatMul(h, Transpose(E))`` its own ``E.T`` initializer; True if folded."""
+    graph = model.graph
+    head = lm_head_node(graph)
+    producers = _producers(graph)
+    transpose = producers.get(head.input[1])
+    inits = {i.name: i for i in graph.initializer}
+    if transpose is None or transpose.op_type != "Transpose" or transpose.input[0] not in inits:
+        return False
+    weight = numpy_helper.to_array(inits[transpose.input[0]], base_dir="")  # [vocab, hidden]
+    folded = numpy_helper.from_array(np.ascontiguousarray(weight.T), name=f"{transpose.input[0]}.T")  # [hidden, vocab]
+    graph.initializer.append(folded)
+    head.input[1] = folded.name
+    if not any(transpose.output[0] in n.input for n in graph.node if n is not head):
+        graph.node.remove(transpose)
+    return True
+
+
+def _weight_only(model: onnx.ModelProto, bits: int, config: QuantConfig, exclude: list[str],
+                 op_types: tuple[str, ...]) -> onnx.ModelProto:
+    from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
+
+    quantizer = MatMulNBitsQuantizer(
+        model,
+        bits=bits,
+        block_size=config.block_size,
+        is_symmetric=config.symmetric,
+        accuracy_level=config.accuracy_level,
+        nodes_to_exclude=exclude,
+        op_types_to_quantize=op_types,
+        quant_axes=(("MatMul", 0), ("Gather", 1)),
+    )
+    quantizer.process()
+    return quantizer.model.model
+
+
+def quantize_model(model: onnx.ModelProto, config: QuantConfig) -> onnx.ModelProto:
+    """The quantized graph of an fp32 decoder ``model`` (loaded with its weights)."""
+    fold_tied_lm_head(model)
+    head = lm_head_node(model.graph).name
+    if config.method == "dynamic":
+        return _dynamic(model, config, head)
+    matmuls = [n.name for n in model.graph.node if n.op_type == "MatMul"]
+    model = _weight_only(model, config.bits, config, exclude=[head], op_types=("MatMul",))
+    if config.lm_head_bits is not None:
+        others = [n.name for n in model.graph.node if n.op_type == "MatMul" and n.name != head]
+        model = _weight_only(model, config.lm_head_bits, config, exclude=others, op_types=("MatMul",))
+    if config.embedding_bits is not None:
+        model = _weight_only(model, config.embedding_bits, config, exclude=[], op_types=("Gather",))
+    left = [n.name for n in model.graph.node if n.op_type == "MatMul" and n.name in matmuls]
+    log.info("quantized %d MatMuls (lm_head %s), %d left fp32 (activation x activation)",
+             len(matmuls) - len(left), "fp32" if config.lm_head_bits is None else f"{config.lm_head_bits}-bit",
+             len(left))
+    return model
+
+
+def _dynamic(model: onnx.ModelProto, config: QuantConfig, head: str) -> onnx.ModelProto:
+    """int8 MatMulInteger with per-tensor dynamic activation scales (onnxruntime quantize_dynamic)."""
+    import tempfile
+
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    with tempfile.TemporaryDirectory() as tmp:
+        src, dst = Path(tmp) / "in.onnx", Path(tmp) / "out.onnx"
+        onnx.save_model(model, src, save_as_external_data=True, location="in.onnx.data")
+        quantize_dynamic(
+            src,
+            dst,
+            weight_type=QuantType.QInt8,
+            per_channel=True,
+            op_types_to_quantize=["MatMul"],
+            nodes_to_exclude=[] if config.lm_head_bits is not None else [head],
+            use_external_data_format=True,
+        )
+        return onnx.load(dst)
+
+
+def save_model(model: onnx.ModelProto, path: Path) -> None:
+    """Write ``path`` and its weights to ``path.name + '.data'`` at the export's IR version."""
+    model.ir_version = ONNX_IR_VERSION
+    data = path.with_name(path.name + ".data")
+    if data.exists():
+        data.unlink()
+    onnx.save_model(model, path, save_as_external_data=True, all_tensors_to_one_file=True,
+                    location=data.name, size_threshold=1024)

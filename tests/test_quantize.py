@@ -1,0 +1,111 @@
+"""Quantized variants on tiny models: the quantizer, the spec-safety gate and the regression check."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+
+import specrt
+from pipeline.lossless import compare_methods
+from pipeline.quantize import quantize_artifact
+from pipeline.quantize_graph import QuantConfig, fold_tied_lm_head, lm_head_node
+from pipeline.spec_gate import reference_run, run_gate
+from specrt.backend import OrtDecoder
+from tests.tiny import PROMPTS
+
+GATE = {"new_tokens": 16, "widths": [4], "prefill_chunk": 16}
+INT4 = QuantConfig(method="matmul_nbits", bits=4, block_size=32, accuracy_level=0, lm_head_bits=4, embedding_bits=4)
+
+
+@pytest.fixture(scope="module")
+def int4(tiny_artifact, tmp_path_factory):
+    src = tiny_artifact[0]
+    out = tmp_path_factory.mktemp("q") / "int4"
+    prompts = [specrt.load(src).encode(p) for p in PROMPTS[:3]]
+    report = quantize_artifact(src, out, "int4", INT4, prompts, GATE, bench_steps=2)
+    return out, report
+
+
+def test_int4_artifact_is_smaller_loads_and_records_its_checks(int4, tiny_artifact):
+    out, report = int4
+    model = specrt.load(out)
+    assert model.manifest.variant == "int4"
+    assert report["size_vs_source"] < 0.6  # tiny models: the tokenizer and graph are a larger share
+    assert model.manifest.checks["quantization"]["bits"] == 4
+    gate = model.manifest.checks["gate"]
+    assert model.manifest.spec_safe == gate["spec_safe"] == (gate["disagreements"] == 0)
+    assert 0.5 < report["top1_agreement"] <= 1.0 and report["mean_kl"] >= 0
+    graph = onnx.load(out / model.manifest.decoder, load_external_data=False).graph
+    ops = {n.op_type for n in graph.node}
+    assert "MatMulNBits" in ops and "GatherBlockQuantized" in ops
+    assert not [n for n in graph.node if n.op_type == "MatMul" and any(i.endswith("weight") for i in n.input)]
+
+
+def test_int4_speculation_equals_plain_decoding_of_int4(int4):
+    # the regression stage's core on the quantized variant: every drafter family, chain and tree
+    model = specrt.load(int4[0])
+    assert model.manifest.spec_safe, model.manifest.checks["gate"]
+    prompts = [model.encode(p) for p in PROMPTS]
+    report = compare_methods(model, prompts, ["pld", "suffix_decoding", "lookahead", "token_recycling"],
+                             max_new_tokens=24, draft_budget=6)
+    assert report["lossless"], {k: v["divergences"] for k, v in report["runs"].items()}
+
+
+def test_tied_lm_head_is_folded_into_its_own_initializer(tiny_artifact):
+    folder = tiny_artifact[0]
+    model = onnx.load(folder / "decoder.onnx")
+    tied = specrt.load(folder).manifest.arch.startswith(("qwen2", "gemma3"))  # tests/tiny.py ties these two
+    assert fold_tied_lm_head(model) == tied
+    head = lm_head_node(model.graph)
+    inits = {i.name: list(i.dims) for i in model.graph.initializer}
+    assert head.input[1] in inits and inits[head.input[1]][0] == 64  # [hidden, vocab]
+
+
+class SkewedDecoder:
+    """A decoder whose multi-position windows swap each row's top-2 logits at near-ties: a
+    deliberately spec-unsafe kernel (a window answers differently than a single step)."""
+
+    def __init__(self, inner: OrtDecoder, margin: float):
+        self.inner, self.margin = inner, margin
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def forward(self, input_ids, position_ids, attention_bias):
+        out = self.inner.forward(input_ids, position_ids, attention_bias)
+        if len(input_ids) > 1 and attention_bias.shape[1] > len(input_ids):  # a verify window, not a prefill
+            for row in out.logits:
+                second, first = np.argsort(row)[-2:]
+                if row[first] - row[second] < self.margin:
+                    row[first], row[second] = row[second], row[first]
+        return out
+
+
+def test_gate_flags_a_kernel_that_answers_differently_in_windows(tiny_artifact):
+    folder = tiny_artifact[0]
+    model = specrt.load(folder)
+    prompts = [model.encode(p) for p in PROMPTS[:3]]
+    decoder = OrtDecoder(folder / "decoder.onnx", model.manifest.dims)
+    honest = run_gate(decoder, prompts, new_tokens=16, widths=(4,), chunk=16)
+    assert honest["spec_safe"] and honest["disagreements"] == 0 and honest["positions"] > 0
+    margins = np.concatenate([reference_run(decoder, p, 16, 16).margins for p in prompts])
+    skew = float(np.sort(margins)[len(margins) // 4]) + 1e-6  # swaps a quarter of the positions
+    skewed = run_gate(SkewedDecoder(decoder, skew), prompts, new_tokens=16, widths=(4,), chunk=16)
+    assert not skewed["spec_safe"] and skewed["disagreements"] > 0
+    flagged = [m for mode in skewed["modes"] for m in mode["disagreement_margins"]]
+    assert max(flagged) < skew
+
+
+@pytest.mark.parametrize(
+    "field, value, message",
+    [
+        ("method", "gptq", "quantize method must be one of"),
+        ("bits", 3, "quantize bits must be 4, 8 or null"),
+        ("block_size", 24, "power of two"),
+        ("accuracy_level", 7, "accuracy_level must be 0..4"),
+    ],
+)
+def test_bad_quantize_settings_name_the_field(field, value, message):
+    with pytest.raises(ValueError, match=message):
+        QuantConfig(**{"method": "matmul_nbits", field: value})
