@@ -372,3 +372,14 @@ def test_regression_core_includes_draft_methods_only_with_a_draft(pair):
     prompts = [model.encode(p) for p in PROMPTS[:2]]
     report = compare_methods(model, prompts, list(ACCEPTANCE), max_new_tokens=16, draft_budget=6)
     assert report["lossless"] and set(report["runs"]) == {f"{m}/{t}" for m in ACCEPTANCE for t in ("chain", "tree")}
+
+
+def test_load_with_a_draft_and_a_datastore_runs_both_families(pair, tmp_path, baselines):
+    from pipeline.corpora import build_from_texts
+    from tests.tiny import TRAINING_TEXT
+
+    store = tmp_path / "datastore"
+    build_from_texts([("text", "tests.tiny", TRAINING_TEXT)], pair.target_folder / "tokenizer.json", store)
+    model = specrt.load(pair.target_folder, draft=pair.draft_folder, datastore=store)
+    for method in ("sd", "sam_decoding"):
+        assert model.generate(PROMPTS[0], method=method, max_new_tokens=40).token_ids == baselines[PROMPTS[0]]

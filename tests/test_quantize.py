@@ -109,3 +109,51 @@ def test_gate_flags_a_kernel_that_answers_differently_in_windows(tiny_artifact):
 def test_bad_quantize_settings_name_the_field(field, value, message):
     with pytest.raises(ValueError, match=message):
         QuantConfig(**{"method": "matmul_nbits", field: value})
+
+
+def _questions(path):
+    import json
+
+    rows = [{"question_id": i, "category": task, "turns": [PROMPTS[i % len(PROMPTS)]]}
+            for i, task in enumerate(["writing", "translation", "summarization", "qa", "math_reasoning", "rag"])]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+@pytest.mark.parametrize("spec_safe, diverged, code", [(True, False, 0), (True, True, 1), (False, True, 0)])
+def test_regression_stage_fails_only_a_spec_safe_variant_that_diverges(
+    int4, tmp_path, monkeypatch, spec_safe, diverged, code
+):
+    import json
+
+    import pipeline.lossless as stage
+
+    real = stage.compare_methods
+
+    def compare(model, prompts, methods, **kw):
+        report = real(model, prompts, methods[:1], **kw)
+        if diverged:
+            next(iter(report["runs"].values())).update(identical=False, divergences=[{"prompt": 0, "position": 3}])
+            report["lossless"] = False
+        return report
+
+    monkeypatch.setattr(stage, "compare_methods", compare)
+    load = specrt.load
+    monkeypatch.setattr(stage.specrt, "load", lambda *a, **kw: _with_spec_safe(load(int4[0]), spec_safe))
+    params = tmp_path / "params.yaml"
+    params.write_text("lossless: {prompts_per_task: 1, max_prompt_tokens: 64, max_new_tokens: 8, draft_budget: 4}\n")
+    out, plot = tmp_path / "lossless-int4.json", tmp_path / "plots" / "acceptance-int4.json"
+    argv = ["--model", str(int4[0]), "--prompts", str(_questions(tmp_path / "q.jsonl")), "--params", str(params),
+            "--out", str(out), "--plot", str(plot)]
+    assert stage.main(argv) == code
+    report = json.loads(out.read_text())
+    assert report["variant"] == "int4" and report["spec_safe"] == spec_safe and report["lossless"] == (not diverged)
+    rows = json.loads(plot.read_text())
+    assert {r["run"] for r in rows} == set(report["runs"]) and all("mean_tokens_per_step" in r for r in rows)
+
+
+def _with_spec_safe(model, spec_safe):
+    import dataclasses
+
+    model.manifest = dataclasses.replace(model.manifest, spec_safe=spec_safe)
+    return model

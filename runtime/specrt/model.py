@@ -156,8 +156,6 @@ class SpecModel:
         except Exception as e:  # the tokenizers library raises a bare Exception on bad JSON
             raise ArtifactError(f"{folder / manifest.tokenizer}: not a valid tokenizer.json ({e})") from None
         self.graph = DecoderSession(folder / manifest.decoder, manifest.dims, provider=provider, threads=threads)
-        if datastore is not None:  # refuse a datastore of another tokenizer now, not at the first request
-            datastore_for(self.drafter_env(tree=False), "load")
         self.draft_manifest: Manifest | None = None  # the draft model of sd / hsd / hsd_capped, if loaded
         self.draft_graph: DecoderSession | None = None
         if draft is not None:
@@ -165,6 +163,8 @@ class SpecModel:
             check_vocab_compatible(folder / manifest.tokenizer, draft_folder / self.draft_manifest.tokenizer)
             self.draft_graph = DecoderSession(draft_folder / self.draft_manifest.decoder, self.draft_manifest.dims,
                                               provider=provider, threads=threads)
+        if datastore is not None:  # refuse a datastore of another tokenizer now, not at the first request
+            datastore_for(self.drafter_env(tree=False), "load")
 
     def encode(self, prompt: str, *, chat: bool = False) -> np.ndarray:
         """The prompt's token ids ([t] int64). Refuses a str that is not valid Unicode (lone
