@@ -529,6 +529,10 @@ def mutated_parents(context, budget):
             Proposing(lambda c, b: DraftTree(np.array([1, 2]), np.array([-1]))),
             r"drafter Proposing raised ValueError in propose: DraftTree: token_ids",
         ),
+        (
+            Proposing(lambda c, b: DraftTree(np.array([1, 2]), np.array([-1, 0]), np.full((2, 7), 1 / 7))),
+            r"proposed draft_probs of shape \(2, 7\), expected \(2, 320\)",
+        ),
     ],
 )
 def test_faulty_drafter_is_named_and_the_model_stays_usable(model, drafter, message):

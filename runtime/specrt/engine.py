@@ -122,6 +122,10 @@ def check_tree(tree: object, budget: int, vocab: int, drafter: str) -> DraftTree
             f"{drafter} proposed parents[{bad[0]}] = {int(parents[bad[0]])}: need -1 <= parents[i] < i "
             f"(parents {parents.tolist()})"
         )
+    q = tree.draft_probs  # [n, vocab] when the drafts were sampled from a draft distribution
+    if q is not None and (not isinstance(q, np.ndarray) or q.shape != (len(ids), vocab)):
+        shape = q.shape if isinstance(q, np.ndarray) else type(q).__name__
+        raise DrafterError(f"{drafter} proposed draft_probs of shape {shape}, expected ({len(ids)}, {vocab})")
     return tree
 
 
