@@ -60,9 +60,9 @@ def decode_ms_per_token(decoders: dict[str, OrtDecoder], prompt: np.ndarray, ste
     return {name: round(float(np.median(t)) * 1000, 2) for name, t in times.items()}
 
 
-def build_variant(src: Path, out: Path, variant: str, config: QuantConfig) -> Manifest:
-    """Quantize ``src``'s decoder into ``out`` (decoder, tokenizer; the manifest comes later)."""
-    base = read_manifest(src)
+def build_variant(src: Path, base: Manifest, out: Path, variant: str, config: QuantConfig) -> Manifest:
+    """Quantize the decoder of ``src`` (verified manifest ``base``) into ``out`` (decoder and
+    tokenizer; the manifest comes later)."""
     t0 = time.perf_counter()
     model = quantize_model(onnx.load(src / base.decoder), config)
     quantize_s = time.perf_counter() - t0
@@ -92,7 +92,7 @@ def quantize_artifact(
     returns the stage report."""
     source = load(src)
     with staged_dir(out) as stage:
-        manifest = build_variant(src, stage, variant, config)
+        manifest = build_variant(src, source.manifest, stage, variant, config)
         decoder = OrtDecoder(stage / manifest.decoder, manifest.dims, threads=threads)
         gate = spec_gate.gate_from_params(decoder, prompts, gate_params)
         log.info("gate: spec_safe=%s, %d disagreements in %d positions", gate["spec_safe"],

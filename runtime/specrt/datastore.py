@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .errors import ArtifactError, InvalidRequestError
-from .manifest import FileEntry, file_entry, sha256_file
+from .manifest import FileEntry, file_entry, read_json_object, sha256_file
 from .suffix_automaton import StaticAutomaton
 from .suffix_automaton import build as build_automaton
 
@@ -229,13 +229,9 @@ def read_datastore_manifest(folder: Path) -> DatastoreManifest:
         raise ArtifactError(f"{folder}: datastore folder does not exist (built by `python -m pipeline.corpora`)")
     if not path.is_file():
         raise ArtifactError(f"{path}: no datastore manifest (is this a folder built by pipeline.corpora?)")
-    try:
-        raw = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ArtifactError(f"{path}: not valid JSON ({e})") from None
-    if not isinstance(raw, dict) or raw.get("format") != FORMAT:
-        got = raw.get("format") if isinstance(raw, dict) else None
-        raise ArtifactError(f"{path}: field 'format' is {got!r}, expected {FORMAT!r}")
+    raw = read_json_object(path)
+    if raw.get("format") != FORMAT:
+        raise ArtifactError(f"{path}: field 'format' is {raw.get('format')!r}, expected {FORMAT!r}")
     try:
         return DatastoreManifest(
             tokenizer_sha256=str(raw["tokenizer_sha256"]),

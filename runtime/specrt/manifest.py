@@ -133,6 +133,17 @@ def verify_files(manifest: Manifest, folder: Path, *, check_hashes: bool = True)
             )
 
 
+def read_json_object(path: Path) -> dict[str, Any]:
+    """The JSON object in ``path`` (a manifest), or ArtifactError naming the file and the defect."""
+    try:
+        raw = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ArtifactError(f"{path}: not valid JSON ({e})") from None
+    if not isinstance(raw, dict):
+        raise ArtifactError(f"{path}: expected a JSON object at the top level")
+    return raw
+
+
 def read_manifest(folder: str | Path, *, check_hashes: bool = True) -> Manifest:
     """Read and verify ``folder/manifest.json`` and the files it lists."""
     folder = Path(folder)
@@ -141,12 +152,6 @@ def read_manifest(folder: str | Path, *, check_hashes: bool = True) -> Manifest:
         raise ArtifactError(f"{folder}: artifact folder does not exist")
     if not path.is_file():
         raise ArtifactError(f"{path}: no manifest (is this an artifact folder built by the pipeline?)")
-    try:
-        raw = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ArtifactError(f"{path}: not valid JSON ({e})") from None
-    if not isinstance(raw, dict):
-        raise ArtifactError(f"{path}: expected a JSON object at the top level")
-    manifest = parse_manifest(raw, path)
+    manifest = parse_manifest(read_json_object(path), path)
     verify_files(manifest, folder, check_hashes=check_hashes)
     return manifest
