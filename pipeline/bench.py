@@ -1,13 +1,16 @@
-"""Decode speed of drafting methods against plain decoding, measured side by side.
+"""Decode speed of drafting methods against plain decoding of the same artifact, side by side.
 
     python -m pipeline.bench --model artifacts/M/fp32 --datastore artifacts/M/datastore \\
         --prompts ../shared/data/specbench/question.jsonl --per-task 1 --max-new-tokens 64 \\
-        --methods baseline,pld,suffix_decoding --out artifacts/M/bench.json
+        --methods pld,suffix_decoding --modes chain,tree --temperatures 0 --out bench.json
 
-Not a DVC stage yet (the Spec-Bench benchmark stage will grow from it). The machines are shared
-and noisy, so every prompt runs ``baseline`` and then each method back to back, and the speedup
-of a method is its decode tokens/s over the baseline's on the same prompt moments earlier (the
-ratio of summed tokens to summed seconds over all prompts). Greedy; prefill time is reported apart.
+The measuring core of the benchmark stages (``pipeline.pair_bench``) and a CLI for quick looks.
+The machines are shared and noisy, so for every prompt and temperature plain decoding
+(``baseline``) runs first and every method right after it, on the same prompt with the same
+seed: a method's speedup is its decode tokens/s over the baseline's measured moments earlier
+(summed tokens over summed seconds across prompts). Prefill time is reported apart. Greedy runs
+are compared with the baseline token for token; sampled runs are lossless in distribution,
+which the statistical tests check, not this benchmark.
 """
 
 from __future__ import annotations
@@ -15,90 +18,189 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import statistics
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 import specrt
+from specrt.engine import LoopStats
 
 from .specbench import first_per_task, read_questions
 
 log = logging.getLogger(__name__)
 
 
-def bench(
-    model: specrt.SpecModel,
-    prompts: list,
-    methods: list[str],
-    modes: list[bool],
-    max_new_tokens: int,
-    temperature: float = 0.0,
-) -> dict:
-    """Per run name ("method/chain"): decode tokens and seconds, steps, prefill seconds, and the
-    tokens and seconds of the baseline runs measured right before it on the same prompts. Greedy
-    runs must equal the baseline token for token; sampled ones (seed = prompt index) are lossless
-    in distribution, which the statistical tests check, not this benchmark."""
-    runs: dict[str, dict[str, Any]] = {}
-    for seed, prompt in enumerate(prompts):
-        options = dict(max_new_tokens=max_new_tokens, temperature=temperature, seed=seed)
-        for method in methods:
-            for tree in modes if method != "baseline" else [False]:
-                model.forget_history()  # cold start per run: no method profits from another's history
-                base, base_loop = model.generate_ids(prompt, method="baseline", **options)
-                ids, loop = model.generate_ids(prompt, method=method, tree=tree, **options)
-                if temperature == 0 and ids.tolist() != base.tolist():
-                    raise RuntimeError(f"{method} (tree={tree}) differs from baseline: not lossless")
-                r = runs.setdefault(f"{method}/{'tree' if tree else 'chain'}", dict.fromkeys(
-                    ("tokens", "seconds", "steps", "prefill_s", "base_tokens", "base_seconds"), 0))
-                r["tokens"] += loop.stats.decode_tokens
-                r["seconds"] += loop.stats.decode_s
-                r["steps"] += loop.stats.steps
-                r["prefill_s"] += loop.stats.prefill_s
-                r["base_tokens"] += base_loop.stats.decode_tokens
-                r["base_seconds"] += base_loop.stats.decode_s
-    return {
-        name: {
-            "decode_tokens_per_s": round(r["tokens"] / r["seconds"], 3),
-            "baseline_decode_tokens_per_s": round(r["base_tokens"] / r["base_seconds"], 3),
-            "speedup": round((r["tokens"] / r["seconds"]) / (r["base_tokens"] / r["base_seconds"]), 3),
-            "mean_tokens_per_step": round(r["tokens"] / r["steps"], 3),
-            "prefill_s": round(r["prefill_s"], 3),
+@dataclass(frozen=True)
+class Prompt:
+    task: str
+    ids: np.ndarray  # [n] int64, chat template applied
+
+
+@dataclass(frozen=True)
+class Run:
+    """One configuration to measure; ``baseline`` runs are the reference of their temperature."""
+
+    method: str
+    tree: bool
+    temperature: float
+
+    @property
+    def name(self) -> str:
+        return f"{self.method}/{'tree' if self.tree else 'chain'}/t{self.temperature:g}"
+
+
+@dataclass
+class Tally:
+    """Sums over the prompts of one run (or one run and one task)."""
+
+    tokens: int = 0  # decode tokens (all new tokens but the prefill's)
+    seconds: float = 0.0  # decode seconds
+    prefill_s: float = 0.0
+    draft_s: float = 0.0
+    verify_s: float = 0.0
+    steps: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    base_tokens: int = 0  # the baseline runs measured right before, on the same prompts
+    base_seconds: float = 0.0
+    matched: int = 0  # greedy: tokens equal to the baseline's before the first divergence
+    compared: int = 0
+    prompt_tokens_per_s: list[float] = field(default_factory=list)  # decode tok/s per prompt
+    accepted_lengths: list[int] = field(default_factory=list)  # per verify step
+
+    def add(self, stats: LoopStats, base: LoopStats, match: tuple[int, int] | None) -> None:
+        self.tokens += stats.decode_tokens
+        self.seconds += stats.decode_s
+        self.prefill_s += stats.prefill_s
+        self.draft_s += stats.draft_s
+        self.verify_s += stats.verify_s
+        self.steps += stats.steps
+        self.drafted += stats.drafted
+        self.accepted += stats.accepted
+        self.base_tokens += base.decode_tokens
+        self.base_seconds += base.decode_s
+        if match is not None:
+            self.matched += match[0]
+            self.compared += match[1]
+        if stats.decode_s > 0:
+            self.prompt_tokens_per_s.append(stats.decode_tokens / stats.decode_s)
+        self.accepted_lengths.extend(stats.accepted_lengths)
+
+    def summary(self) -> dict[str, Any]:
+        tps = self.tokens / self.seconds if self.seconds else 0.0
+        base_tps = self.base_tokens / self.base_seconds if self.base_seconds else 0.0
+        per_prompt = self.prompt_tokens_per_s
+        return {
+            "decode_tokens": self.tokens,
+            "decode_tokens_per_s": round(tps, 3),
+            "decode_tokens_per_s_std": round(statistics.stdev(per_prompt), 3) if len(per_prompt) > 1 else 0.0,
+            "baseline_decode_tokens_per_s": round(base_tps, 3),
+            "speedup": round(tps / base_tps, 3) if base_tps else 0.0,
+            "mean_tokens_per_step": round(self.tokens / self.steps, 3) if self.steps else 0.0,
+            "acceptance_rate": round(self.accepted / self.drafted, 4) if self.drafted else 0.0,
+            "token_match": round(self.matched / self.compared, 6) if self.compared else None,
+            "prefill_s": round(self.prefill_s, 3),
+            # share of the decode time: drafting, verify passes, and the rest (accept rule, bookkeeping)
+            "draft_share": round(self.draft_s / self.seconds, 4) if self.seconds else 0.0,
+            "verify_share": round(self.verify_s / self.seconds, 4) if self.seconds else 0.0,
+            "overhead_share": round(1 - (self.draft_s + self.verify_s) / self.seconds, 4) if self.seconds else 0.0,
         }
-        for name, r in runs.items()
-    }
 
 
-def markdown(results: dict[str, dict[str, float]]) -> str:
-    lines = ["| method | decode tok/s | baseline tok/s (same prompts, just before) | speedup | tokens/step |",
-             "|---|---|---|---|---|"]
-    for name, r in sorted(results.items(), key=lambda kv: -kv[1]["speedup"]):
+def matched_prefix(ids: np.ndarray, ref: np.ndarray) -> tuple[int, int]:
+    """(tokens of ``ids`` equal to ``ref`` before the first difference, len(ref)); a shorter or
+    longer output counts as a difference at its end."""
+    n = min(len(ids), len(ref))
+    diff = np.flatnonzero(ids[:n] != ref[:n])
+    return (int(diff[0]) if len(diff) else n), len(ref)
+
+
+def measure(
+    model: specrt.SpecModel,
+    prompts: list[Prompt],
+    runs: list[Run],
+    *,
+    max_new_tokens: int,
+    draft_budget: int = 8,
+) -> dict[str, dict[str, Tally]]:
+    """Tallies per run name, per task and over ``"all"`` tasks; baselines are reported as runs
+    ``baseline/chain/t<T>`` (their own reference: speedup 1). Seed = prompt index."""
+    tallies: dict[str, dict[str, Tally]] = {}
+    temperatures = sorted({r.temperature for r in runs})
+    for seed, prompt in enumerate(prompts):
+        for temperature in temperatures:
+            options = dict(max_new_tokens=max_new_tokens, temperature=temperature, seed=seed,
+                           draft_budget=draft_budget)
+            base, base_loop = model.generate_ids(prompt.ids, method="baseline", **options)
+            reference = Run("baseline", False, temperature)
+            for task in (prompt.task, "all"):
+                tallies.setdefault(reference.name, {}).setdefault(task, Tally()).add(
+                    base_loop.stats, base_loop.stats, (len(base), len(base)) if temperature == 0 else None)
+            for run in runs:
+                if run.temperature != temperature or run.method == "baseline":
+                    continue
+                model.forget_history()  # cold start per run: no method profits from another's history
+                ids, loop = model.generate_ids(prompt.ids, method=run.method, tree=run.tree, **options)
+                match = matched_prefix(ids, base) if temperature == 0 else None
+                if match is not None and match[0] != match[1]:
+                    log.warning("%s differs from baseline on prompt %d at token %d", run.name, seed, match[0])
+                for task in (prompt.task, "all"):
+                    tallies.setdefault(run.name, {}).setdefault(task, Tally()).add(loop.stats, base_loop.stats, match)
+    return tallies
+
+
+def summarize(tallies: dict[str, dict[str, Tally]]) -> dict[str, dict[str, dict[str, Any]]]:
+    return {name: {task: t.summary() for task, t in by_task.items()} for name, by_task in tallies.items()}
+
+
+def markdown(results: dict[str, dict[str, dict[str, Any]]], task: str = "all") -> str:
+    lines = ["| run | decode tok/s | baseline tok/s (same prompts, just before) | speedup | tokens/step | "
+             "acceptance | token match | prefill s |",
+             "|---|---|---|---|---|---|---|---|"]
+    rows = [(name, by_task[task]) for name, by_task in results.items() if task in by_task]
+    for name, r in sorted(rows, key=lambda kv: -kv[1]["speedup"]):
+        match = "-" if r["token_match"] is None else f"{r['token_match']:.3f}"
         lines.append(f"| {name} | {r['decode_tokens_per_s']:.2f} | {r['baseline_decode_tokens_per_s']:.2f} | "
-                     f"{r['speedup']:.2f}x | {r['mean_tokens_per_step']:.2f} |")
+                     f"{r['speedup']:.2f}x | {r['mean_tokens_per_step']:.2f} | {r['acceptance_rate']:.2f} | "
+                     f"{match} | {r['prefill_s']:.2f} |")
     return "\n".join(lines)
+
+
+def specbench_prompts(model: specrt.SpecModel, path: Path, per_task: int, max_prompt_tokens: int) -> list[Prompt]:
+    """First turns of the first ``per_task`` Spec-Bench questions of every task, in the model's
+    chat template when it has one, cut at ``max_prompt_tokens``."""
+    chat = model.manifest.chat is not None
+    return [Prompt(q.task, model.encode(q.turns[0], chat=chat)[:max_prompt_tokens])
+            for q in first_per_task(read_questions(path), per_task)]
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", type=Path, required=True)
     parser.add_argument("--datastore", type=Path)
+    parser.add_argument("--draft", type=Path, help="draft model artifact for sd, hsd, hsd_capped")
     parser.add_argument("--prompts", type=Path, required=True, help="Spec-Bench question.jsonl")
     parser.add_argument("--per-task", type=int, default=1)
     parser.add_argument("--max-prompt-tokens", type=int, default=512)
     parser.add_argument("--max-new-tokens", type=int, default=64)
-    parser.add_argument("--methods", default="pld", help="comma-separated; baseline runs before each anyway")
+    parser.add_argument("--draft-budget", type=int, default=8)
+    parser.add_argument("--methods", default="pld", help="comma-separated; baseline runs before them anyway")
     parser.add_argument("--modes", default="chain,tree")
+    parser.add_argument("--temperatures", default="0", help="comma-separated, e.g. 0,1")
     parser.add_argument("--threads", type=int)
-    parser.add_argument("--draft", type=Path, help="draft model artifact for sd, hsd, hsd_capped")
-    parser.add_argument("--temperature", type=float, default=0.0)
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     model = specrt.load(args.model, threads=args.threads, datastore=args.datastore, draft=args.draft)
-    chat = model.manifest.chat is not None
-    questions = first_per_task(read_questions(args.prompts), args.per_task)
-    prompts = [model.encode(q.turns[0], chat=chat)[: args.max_prompt_tokens] for q in questions]
-    modes = [{"chain": False, "tree": True}[m] for m in args.modes.split(",")]
-    results = bench(model, prompts, args.methods.split(","), modes, args.max_new_tokens, args.temperature)
+    prompts = specbench_prompts(model, args.prompts, args.per_task, args.max_prompt_tokens)
+    runs = [Run(m, {"chain": False, "tree": True}[mode], float(t)) for t in args.temperatures.split(",")
+            for m in args.methods.split(",") for mode in args.modes.split(",")]
+    results = summarize(measure(model, prompts, runs, max_new_tokens=args.max_new_tokens,
+                                draft_budget=args.draft_budget))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"prompts": len(prompts), "max_new_tokens": args.max_new_tokens,
                                     "results": results}, indent=2) + "\n")

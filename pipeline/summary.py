@@ -1,4 +1,5 @@
-"""Print what ``dvc repro`` built: per model and variant, the size, the checks' and the regression verdicts.
+"""Print what ``dvc repro`` built: per model and variant, the size, the checks' and the regression
+verdicts; then the draft/target pair benchmark (``artifacts/pair``) when it ran.
 
     python -m pipeline.summary artifacts
 
@@ -57,6 +58,19 @@ def rows(root: Path) -> list[dict[str, str]]:
     return out
 
 
+def pair_rows(root: Path) -> list[str]:
+    """One line per pair_bench run: variant, run, decode tok/s, speedup over the target's plain decoding."""
+    lines = []
+    for path in sorted((root / "pair").glob("bench-*.json")):
+        report = json.loads(path.read_text())
+        for name, r in report["runs"].items():
+            match = "" if r["token_match"] is None else f", token match {r['token_match']:.3f}"
+            lines.append(f"{report['draft']} -> {report['target']} [{report['variant']}] {name}: "
+                         f"{r['decode_tokens_per_s']:.2f} tok/s, {r['speedup']:.2f}x, "
+                         f"{r['mean_tokens_per_step']:.2f} tokens/step{match}")
+    return lines
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("artifacts", type=Path, nargs="?", default=Path("artifacts"))
@@ -70,6 +84,10 @@ def main(argv: list[str] | None = None) -> int:
     print("  ".join(k.ljust(widths[k]) for k in keys))
     for r in table:
         print("  ".join(r[k].ljust(widths[k]) for k in keys))
+    pair = pair_rows(args.artifacts)
+    if pair:
+        print("\ndraft-model speculative decoding vs plain decoding of the target (pair_bench):")
+        print("\n".join(pair))
     return 0 if all("FAIL" not in r["checks"] + r["lossless"] and "BROKEN" not in r["lossless"] for r in table) else 1
 
 

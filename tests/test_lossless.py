@@ -70,14 +70,3 @@ def test_long_prompt_prefilled_in_chunks_matches(model):
     base, _ = model.generate_ids(ids, method="baseline", max_new_tokens=20)
     spec, _ = model.generate_ids(ids, method="pld", tree=True, max_new_tokens=20, prefill_chunk=16)
     assert len(ids) > 100 and spec.tolist() == base.tolist()
-
-
-def test_bench_measures_each_run_against_baseline(model):
-    from pipeline.bench import bench, markdown
-
-    prompts = [model.encode(p) for p in PROMPTS[:2]]
-    results = bench(model, prompts, ["pld"], [False, True], max_new_tokens=12)
-    assert set(results) == {"pld/chain", "pld/tree"}
-    for r in results.values():
-        assert r["mean_tokens_per_step"] >= 1.0 and r["speedup"] > 0 and r["baseline_decode_tokens_per_s"] > 0
-    assert markdown(results).count("\n") == 3  # header, rule, two rows

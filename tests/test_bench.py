@@ -1,0 +1,138 @@
+"""The benchmark core (pipeline.bench) and the pair benchmark stage (pipeline.pair_bench) on tiny models."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import numpy as np
+import pytest
+
+import specrt
+from pipeline.bench import Prompt, Run, markdown, matched_prefix, measure, summarize
+from tests.tiny import PROMPTS
+from tests.tiny_pair import build_tiny_pair
+
+
+@pytest.fixture(scope="module")
+def model(tiny_artifact):
+    return specrt.load(tiny_artifact[0])
+
+
+def test_matched_prefix_counts_tokens_before_the_first_difference():
+    ref = np.array([5, 6, 7, 8])
+    assert matched_prefix(np.array([5, 6, 7, 8]), ref) == (4, 4)  # identical
+    assert matched_prefix(np.array([5, 6, 9, 8]), ref) == (2, 4)  # differs at index 2
+    assert matched_prefix(np.array([5, 6]), ref) == (2, 4)  # stopped early
+    assert matched_prefix(np.array([5, 6, 7, 8, 1]), ref) == (4, 4)  # ran longer: counted at its end
+
+
+def test_measure_runs_each_method_against_the_baseline_of_its_temperature(model):
+    prompts = [Prompt("qa", model.encode(PROMPTS[0])), Prompt("rag", model.encode(PROMPTS[1]))]
+    runs = [Run("pld", False, 0.0), Run("pld", True, 0.0), Run("pld", False, 1.0)]
+    results = summarize(measure(model, prompts, runs, max_new_tokens=12, draft_budget=4))
+    assert set(results) == {"baseline/chain/t0", "baseline/chain/t1", "pld/chain/t0", "pld/tree/t0", "pld/chain/t1"}
+    for by_task in results.values():
+        assert set(by_task) == {"qa", "rag", "all"}
+        assert by_task["all"]["decode_tokens"] == by_task["qa"]["decode_tokens"] + by_task["rag"]["decode_tokens"]
+    assert results["baseline/chain/t0"]["all"]["speedup"] == 1.0
+    assert results["baseline/chain/t0"]["all"]["token_match"] == 1.0
+    assert results["pld/chain/t0"]["all"]["token_match"] == 1.0  # greedy: compared with the baseline
+    assert results["pld/chain/t1"]["all"]["token_match"] is None  # sampled: not comparable token for token
+    pld = results["pld/chain/t0"]["all"]
+    assert pld["mean_tokens_per_step"] >= 1.0 and 0 <= pld["acceptance_rate"] <= 1
+    shares = pld["draft_share"] + pld["verify_share"] + pld["overhead_share"]
+    assert shares == pytest.approx(1.0, abs=1e-3) and pld["verify_share"] > 0
+    assert markdown(results).count("\n") == 1 + len(results)  # header and rule, then one row per run
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    return build_tiny_pair(tmp_path_factory.mktemp("pair"))
+
+
+def _questions(path):
+    rows = [{"question_id": i, "category": task, "turns": [PROMPTS[i % len(PROMPTS)]]}
+            for i, task in enumerate(["writing", "translation", "summarization", "qa", "math_reasoning", "rag"])]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+PAIR_PARAMS = """pair_bench:
+  prompts_per_task: 1
+  max_prompt_tokens: 64
+  max_new_tokens: 10
+  temperatures: [0, 1]
+  methods: [sd, hsd, hsd_capped]
+  modes: [chain, tree]
+  draft_budget: 4
+  threads: 1
+"""
+
+
+def test_pair_bench_stage_reports_every_method_at_every_temperature(pair, tmp_path):
+    import pipeline.pair_bench as stage
+
+    target, draft = pair
+    params = tmp_path / "params.yaml"
+    params.write_text(PAIR_PARAMS)
+    out, plot, table = tmp_path / "bench.json", tmp_path / "plots" / "bench.json", tmp_path / "bench.md"
+    argv = ["--target", str(target), "--draft", str(draft), "--prompts", str(_questions(tmp_path / "q.jsonl")),
+            "--params", str(params), "--out", str(out), "--plot", str(plot), "--table", str(table)]
+    assert stage.main(argv) == 0
+    report = json.loads(out.read_text())
+    expected = {f"{m}/{mode}/t{t}" for m in ("sd", "hsd", "hsd_capped") for mode in ("chain", "tree") for t in (0, 1)}
+    assert set(report["runs"]) == expected | {"baseline/chain/t0", "baseline/chain/t1"}
+    assert report["lossless_greedy"] and report["prompts"] == 6 and report["draft"] == "tiny-qwen2-draft"
+    for name, r in report["runs"].items():
+        assert r["token_match"] == (1.0 if name.endswith("/t0") else None), name
+        if not name.startswith("baseline"):
+            assert r["acceptance_rate"] > 0 and r["draft_share"] > 0, name  # the draft model ran and was accepted
+    assert set(report["per_task"]["sd/chain/t0"]) == {"mt_bench", "translation", "summarization", "qa",
+                                                      "math_reasoning", "rag"}
+    assert {r["run"] for r in json.loads(plot.read_text())} == set(report["runs"])
+    assert table.read_text().count("\n") == 2 + len(report["runs"])
+
+
+@pytest.mark.parametrize("spec_safe, code", [(True, 1), (False, 0)])
+def test_pair_bench_fails_when_a_spec_safe_target_diverges(pair, tmp_path, monkeypatch, spec_safe, code):
+    import pipeline.pair_bench as stage
+
+    target, draft = pair
+    real_measure, load = stage.measure, specrt.load
+
+    def diverging(*args, **kwargs):
+        tallies = real_measure(*args, **kwargs)
+        tallies["sd/chain/t0"]["all"].matched -= 1  # one greedy token differs
+        return tallies
+
+    def loaded(*args, **kwargs):
+        model = load(*args, **kwargs)
+        model.manifest = dataclasses.replace(model.manifest, spec_safe=spec_safe)
+        return model
+
+    monkeypatch.setattr(stage, "measure", diverging)
+    monkeypatch.setattr(stage.specrt, "load", loaded)
+    params = tmp_path / "params.yaml"
+    params.write_text(PAIR_PARAMS.replace("[0, 1]", "[0]").replace("[sd, hsd, hsd_capped]", "[sd]")
+                      .replace("[chain, tree]", "[chain]"))
+    out = tmp_path / "bench.json"
+    argv = ["--target", str(target), "--draft", str(draft), "--prompts", str(_questions(tmp_path / "q.jsonl")),
+            "--params", str(params), "--out", str(out)]
+    assert stage.main(argv) == code
+    assert json.loads(out.read_text())["lossless_greedy"] is False
+
+
+def test_summary_prints_one_line_per_pair_run(tmp_path):
+    from pipeline.summary import pair_rows
+
+    run = {"decode_tokens_per_s": 7.5, "speedup": 1.25, "mean_tokens_per_step": 2.5, "token_match": 1.0}
+    report = {"draft": "d", "target": "t", "variant": "int4",
+              "runs": {"sd/chain/t0": run, "sd/chain/t1": {**run, "token_match": None}}}
+    (tmp_path / "pair").mkdir()
+    (tmp_path / "pair" / "bench-int4.json").write_text(json.dumps(report))
+    assert pair_rows(tmp_path) == [
+        "d -> t [int4] sd/chain/t0: 7.50 tok/s, 1.25x, 2.50 tokens/step, token match 1.000",
+        "d -> t [int4] sd/chain/t1: 7.50 tok/s, 1.25x, 2.50 tokens/step",
+    ]
+    assert pair_rows(tmp_path / "nothing") == []
