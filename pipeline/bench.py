@@ -96,6 +96,7 @@ class Tally:
         per_prompt = self.prompt_tokens_per_s
         return {
             "decode_tokens": self.tokens,
+            "steps": self.steps,
             "decode_tokens_per_s": round(tps, 3),
             "decode_tokens_per_s_std": round(statistics.stdev(per_prompt), 3) if len(per_prompt) > 1 else 0.0,
             "baseline_decode_tokens_per_s": round(base_tps, 3),

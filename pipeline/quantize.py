@@ -24,7 +24,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import onnx
 import yaml
 from tokenizers import Tokenizer
 
@@ -37,7 +36,7 @@ from specrt.tree import causal_bias
 from . import fidelity, spec_gate
 from .atomic import staged_dir, write_text_atomic
 from .export import producer_versions
-from .quantize_graph import QuantConfig, quantize_model, save_model
+from .quantize_graph import QuantConfig, load_model, quantize_model, save_model
 from .specbench import calibration_prompts
 
 log = logging.getLogger(__name__)
@@ -64,7 +63,7 @@ def build_variant(src: Path, base: Manifest, out: Path, variant: str, config: Qu
     """Quantize the decoder of ``src`` (verified manifest ``base``) into ``out`` (decoder and
     tokenizer; the manifest comes later)."""
     t0 = time.perf_counter()
-    model = quantize_model(onnx.load(src / base.decoder), config)
+    model = quantize_model(load_model(src / base.decoder), config)
     quantize_s = time.perf_counter() - t0
     save_model(model, out / base.decoder)
     shutil.copyfile(src / base.tokenizer, out / base.tokenizer)

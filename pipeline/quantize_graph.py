@@ -16,10 +16,11 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
-from onnx import numpy_helper
+from onnx import external_data_helper, numpy_helper
 
 log = logging.getLogger(__name__)
 
@@ -150,6 +151,31 @@ def _dynamic(model: onnx.ModelProto, config: QuantConfig, head: str) -> onnx.Mod
             use_external_data_format=True,
         )
         return onnx.load(dst)
+
+
+def load_model(path: Path) -> onnx.ModelProto:
+    """``path`` with its external weights read in. ``onnx.load`` refuses a weights file with more
+    than one hard link ("potential hardlink attack"), which is what DVC's hardlink cache leaves in
+    the workspace; the external data entries are read here by plain file reads instead."""
+    model = onnx.load(path, load_external_data=False)
+    files: dict[str, Any] = {}
+    try:
+        for tensor in model.graph.initializer:
+            if not external_data_helper.uses_external_data(tensor):
+                continue
+            info = external_data_helper.ExternalDataInfo(tensor)
+            location = Path(info.location)
+            if location.is_absolute() or ".." in location.parts:
+                raise ValueError(f"{path}: tensor {tensor.name} points outside its folder ({info.location})")
+            f = files.get(info.location) or files.setdefault(info.location, open(path.parent / location, "rb"))
+            f.seek(info.offset or 0)
+            tensor.raw_data = f.read(info.length) if info.length else f.read()
+            del tensor.external_data[:]
+            tensor.data_location = onnx.TensorProto.DEFAULT
+    finally:
+        for f in files.values():
+            f.close()
+    return model
 
 
 def save_model(model: onnx.ModelProto, path: Path) -> None:

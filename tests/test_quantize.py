@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import onnx
 import pytest
+from onnx import numpy_helper
 
 import specrt
 from pipeline.lossless import compare_methods
@@ -157,3 +158,21 @@ def _with_spec_safe(model, spec_safe):
 
     model.manifest = dataclasses.replace(model.manifest, spec_safe=spec_safe)
     return model
+
+
+def test_load_model_reads_weights_that_have_several_hard_links(tiny_artifact, tmp_path):
+    # DVC's hardlink cache leaves the workspace's decoder.onnx.data with 2 links; onnx.load refuses that
+    import os
+    import shutil
+
+    from pipeline.quantize_graph import load_model
+
+    src = tiny_artifact[0] / "decoder.onnx"
+    expected = {t.name: numpy_helper.to_array(t) for t in onnx.load(src).graph.initializer}
+    shutil.copyfile(src, tmp_path / "decoder.onnx")
+    shutil.copyfile(str(src) + ".data", tmp_path / "weights")
+    os.link(tmp_path / "weights", tmp_path / "decoder.onnx.data")
+    with pytest.raises(onnx.checker.ValidationError, match="hard links"):
+        onnx.load(tmp_path / "decoder.onnx")
+    loaded = {t.name: numpy_helper.to_array(t) for t in load_model(tmp_path / "decoder.onnx").graph.initializer}
+    assert loaded.keys() == expected.keys() and all(np.array_equal(loaded[k], expected[k]) for k in expected)

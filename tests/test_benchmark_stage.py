@@ -1,0 +1,90 @@
+"""The Spec-Bench benchmark stage (pipeline.benchmark) and the roofline (pipeline.roofline) on a tiny model."""
+
+from __future__ import annotations
+
+import csv
+import json
+
+import pytest
+
+import specrt
+from pipeline.benchmark import chat_renderer, conversation_prompts, histogram, main, methods_to_run
+from pipeline.roofline import kv_bytes_per_position, roofline, weight_bytes
+from pipeline.specbench import Question
+from specrt.manifest import read_manifest
+from tests.tiny import PROMPTS
+
+
+@pytest.fixture(scope="module")
+def folder(tiny_artifact):
+    return tiny_artifact[0]
+
+
+def test_later_turns_carry_the_models_own_greedy_answer(folder):
+    model = specrt.load(folder)
+    render = chat_renderer(None)  # the tiny tokenizer has no chat template: turns joined by blank lines
+    q = Question(1, "mt_bench", (PROMPTS[0], PROMPTS[1]))
+    first, second = conversation_prompts(model, render, q, max_prompt_tokens=10_000, max_new_tokens=8)
+    answer, _ = model.generate_ids(first.ids, method="baseline", max_new_tokens=8)
+    text = render([{"role": "user", "content": PROMPTS[0]},
+                   {"role": "assistant", "content": model.tokenizer.decode(answer.tolist(), skip_special_tokens=True)},
+                   {"role": "user", "content": PROMPTS[1]}])
+    assert first.ids.tolist() == model.encode(PROMPTS[0]).tolist()
+    assert second.ids.tolist() == model.encode(text).tolist()
+    cut = conversation_prompts(model, render, q, max_prompt_tokens=5, max_new_tokens=8)
+    assert [p.ids.tolist() for p in cut] == [first.ids[-5:].tolist(), second.ids[-5:].tolist()]  # tails kept
+
+
+def test_methods_to_run_needs_the_datastore_and_draft_for_their_methods():
+    everything = methods_to_run("all", datastore=True, draft=True)
+    assert "baseline" not in everything and {"rest", "sd", "pld"} <= set(everything)
+    plain = methods_to_run("all", datastore=False, draft=False)
+    assert not {"rest", "sam_decoding", "asam", "asam_verify", "sd", "hsd", "hsd_capped"} & set(plain)
+    assert methods_to_run(["pld"], datastore=False, draft=False) == ["pld"]
+    with pytest.raises(ValueError, match="benchmark.methods: unknown \\['nope'\\]"):
+        methods_to_run(["pld", "nope"], datastore=False, draft=False)
+
+
+def test_histogram_counts_accepted_lengths():
+    assert histogram([0, 2, 0, 1, 2, 2]) == {0: 2, 1: 1, 2: 3}
+
+
+def test_roofline_is_bandwidth_over_bytes_per_token(folder):
+    manifest = read_manifest(folder)
+    r = roofline(manifest, bandwidth=1e10, mean_context=100, plain_tokens_per_s=50.0)
+    per_token = weight_bytes(manifest) + 100 * kv_bytes_per_position(manifest)
+    assert r.bytes_per_token == per_token and r.bandwidth_gb_s == 10.0
+    assert r.ceiling_tokens_per_s == pytest.approx(1e10 / per_token, rel=1e-3)
+    assert r.fraction == pytest.approx(50.0 / (1e10 / per_token), abs=1e-4)  # rounded to 4 places
+    d = manifest.dims
+    assert kv_bytes_per_position(manifest) == 2 * d.num_layers * d.kv_heads * d.head_dim * 4
+
+
+def test_stage_writes_metrics_csv_table_and_plots(folder, tmp_path):
+    rows = [{"question_id": 1, "category": "writing", "turns": [PROMPTS[0], PROMPTS[1]]},
+            {"question_id": 2, "category": "summarization", "turns": [PROMPTS[3]]}]
+    questions = tmp_path / "q.jsonl"
+    questions.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    params = tmp_path / "params.yaml"
+    params.write_text("benchmark: {prompts_per_task: 1, max_prompt_tokens: 64, max_new_tokens: 10, "
+                      "methods: [pld, suffix_decoding], modes: [chain, tree], draft_budget: 4, threads: 1}\n")
+    out = tmp_path / "bench"
+    argv = ["--model", str(folder), "--roofline", str(folder), "--prompts", str(questions), "--params", str(params),
+            "--metrics", str(out / "m.json"), "--csv", str(out / "r.csv"), "--table", str(out / "r.md"),
+            "--plots", str(out / "plots")]
+    assert main(argv) == 0
+    report = json.loads((out / "m.json").read_text())
+    assert report["prompts"] == 3 and report["tasks"]["mt_bench"] == 2 and report["lossless"]
+    runs = {"baseline/chain/t0", "pld/chain/t0", "pld/tree/t0", "suffix_decoding/chain/t0", "suffix_decoding/tree/t0"}
+    assert set(report["runs"]) == runs and report["best"] in runs - {"baseline/chain/t0"}
+    assert set(report["speedup_per_task"]["pld/tree/t0"]) == {"mt_bench", "summarization"}
+    assert report["roofline"]["fp32"]["fraction"] > 0
+    table = list(csv.DictReader((out / "r.csv").open()))
+    assert {(r["run"], r["task"]) for r in table} == {(n, t) for n in runs for t in ("mt_bench", "summarization", "all")}
+    assert (out / "r.md").read_text().count("\n") == 2 + len(runs)
+    speedups = json.loads((out / "plots" / "speedup.json").read_text())
+    assert len(speedups) == 2 * len(runs) and all(s["speedup"] > 0 for s in speedups)
+    accepted = json.loads((out / "plots" / "accepted.json").read_text())
+    for name in runs:  # one histogram per run over all its verify steps
+        assert sum(a["steps"] for a in accepted if a["run"] == name) == report["runs"][name]["steps"] > 0
+    assert all(a["accepted_length"] >= 0 for a in accepted)
