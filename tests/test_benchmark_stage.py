@@ -80,7 +80,8 @@ def test_stage_writes_metrics_csv_table_and_plots(folder, tmp_path):
     assert set(report["speedup_per_task"]["pld/tree/t0"]) == {"mt_bench", "summarization"}
     assert report["roofline"]["fp32"]["fraction"] > 0
     table = list(csv.DictReader((out / "r.csv").open()))
-    assert {(r["run"], r["task"]) for r in table} == {(n, t) for n in runs for t in ("mt_bench", "summarization", "all")}
+    tasks = ("mt_bench", "summarization", "all")
+    assert {(r["run"], r["task"]) for r in table} == {(n, t) for n in runs for t in tasks}
     assert (out / "r.md").read_text().count("\n") == 2 + len(runs)
     speedups = json.loads((out / "plots" / "speedup.json").read_text())
     assert len(speedups) == 2 * len(runs) and all(s["speedup"] > 0 for s in speedups)

@@ -120,7 +120,7 @@ def test_chat_without_template(model):
 
 
 def test_unknown_provider(folder):
-    with pytest.raises(InvalidRequestError, match=r"provider 'tpu' is not supported; choose one of \['cpu'\]"):
+    with pytest.raises(InvalidRequestError, match=r"provider 'tpu' is not supported; choose one of \['cpu', 'cuda'\]"):
         specrt.load(folder, provider="tpu")
 
 

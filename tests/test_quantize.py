@@ -95,7 +95,7 @@ def test_gate_flags_a_kernel_that_answers_differently_in_windows(tiny_artifact):
     skewed = run_gate(SkewedDecoder(decoder, skew), prompts, new_tokens=16, widths=(4,), chunk=16)
     assert not skewed["spec_safe"] and skewed["disagreements"] > 0
     flagged = [m for mode in skewed["modes"] for m in mode["disagreement_margins"]]
-    assert max(flagged) < skew
+    assert max(flagged) < skew + 1e-5  # the report rounds margins to 5 places
 
 
 @pytest.mark.parametrize(

@@ -4,14 +4,21 @@
                     onnxruntime runs one session from several threads at once
     OrtDecoder      one sequence's KV cache on a DecoderSession; one per request in flight
 
-The cache is one preallocated buffer per layer and per K/V, ``[1, capacity, kv_heads, head_dim]``.
-A forward pass binds ``buf[:, :past]`` as the past input and ``buf[:, past:past + s]`` as the
-present output, so neither side copies the cache. :meth:`OrtDecoder.commit` then keeps the chosen
-window slots (the accepted path) by moving their rows down behind the past; nothing else moves.
+The cache is one preallocated block ``[2 * layers, capacity, kv_heads, head_dim]`` (a
+:mod:`specrt.kvstore` store). A forward pass binds rows ``[0, past)`` of each buffer as the past
+input and rows ``[past, past + s)`` as the present output, so neither side copies the cache.
+:meth:`OrtDecoder.commit` then keeps the chosen window slots (the accepted path) by moving their
+rows down behind the past; nothing else moves.
+
+Providers: ``cpu`` keeps the cache in numpy memory. ``cuda`` (onnxruntime-gpu) keeps it on the
+GPU, allocated once, and compacts it there; what comes back to the host per pass is the hidden
+states ([s, hidden]) and only the logits rows the caller asks for (``logits_rows``: a prefill
+needs its last row only). ``device_cache=True`` runs that device code path on the CPU EP (tests).
 """
 
 from __future__ import annotations
 
+import importlib.metadata
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,22 +28,54 @@ import onnxruntime as ort
 
 from . import contract
 from .errors import ArtifactError, InvalidRequestError, SpecrtError
+from .gather import DEVICE_ID, Block, RowGather
+from .kvstore import DeviceKV, DeviceScratch, HostKV, KVStore
 from .manifest import ModelDims
 
 log = logging.getLogger(__name__)
 
-PROVIDERS = {"cpu": "CPUExecutionProvider"}
+PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}
+DEVICES = {"cpu": "cpu", "cuda": "cuda"}  # provider -> onnxruntime device type of its memory
+# fp32 stays fp32 on the GPU: the CUDA EP's default TF32 matmuls round inputs to 10 mantissa bits, which
+# moves logits by ~1e-3 and makes a verify window and a single step disagree at near-ties more often
+PROVIDER_OPTIONS: dict[str, dict[str, str]] = {"cpu": {}, "cuda": {"use_tf32": "0"}}
 
 
 @dataclass(frozen=True)
 class ForwardOutput:
-    logits: np.ndarray  # [s, vocab] float32
+    logits: np.ndarray  # [r, vocab] float32: the window rows asked for (logits_rows; all s by default)
     hidden_states: np.ndarray  # [s, hidden] float32
 
 
-def make_session(path: Path, provider: str, threads: int | None) -> ort.InferenceSession:
+def check_provider(provider: str) -> str:
+    """The onnxruntime provider name of ``provider`` ("cpu", "cuda"), or InvalidRequestError
+    saying what to install when this onnxruntime build lacks it."""
     if provider not in PROVIDERS:
         raise InvalidRequestError(f"provider {provider!r} is not supported; choose one of {sorted(PROVIDERS)}")
+    name = PROVIDERS[provider]
+    available = ort.get_available_providers()
+    if name not in available:
+        both = _installed("onnxruntime") and _installed("onnxruntime-gpu")
+        raise InvalidRequestError(
+            f"provider {provider!r}: the {name} is not in this onnxruntime build "
+            f"(onnxruntime {ort.__version__} offers {available}); install the extra specrt[cuda] "
+            "(onnxruntime-gpu) instead of onnxruntime: the CPU and GPU packages must not be installed "
+            "together (see the README, 'CUDA')"
+            + ("; both are installed now: uninstall both, then install onnxruntime-gpu alone" if both else "")
+        )
+    return name
+
+
+def _installed(distribution: str) -> bool:
+    try:
+        importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return False
+    return True
+
+
+def make_session(path: Path, provider: str, threads: int | None) -> ort.InferenceSession:
+    name = check_provider(provider)
     options = ort.SessionOptions()
     if threads is not None:
         if threads < 1:
@@ -45,20 +84,61 @@ def make_session(path: Path, provider: str, threads: int | None) -> ort.Inferenc
         options.inter_op_num_threads = 1
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     try:
-        return ort.InferenceSession(str(path), sess_options=options, providers=[PROVIDERS[provider]])
+        session = ort.InferenceSession(str(path), sess_options=options, providers=[(name, PROVIDER_OPTIONS[provider])])
     except Exception as e:  # onnxruntime raises its own untyped exceptions
         raise ArtifactError(f"{path}: onnxruntime could not load the decoder ({type(e).__name__}: {e})") from None
+    if name not in session.get_providers():  # onnxruntime falls back to the CPU when an EP fails to start
+        raise InvalidRequestError(
+            f"provider {provider!r}: onnxruntime could not start the {name} and fell back to "
+            f"{session.get_providers()}; are the CUDA and cuDNN libraries of onnxruntime-gpu {ort.__version__} "
+            "loadable? (pip install 'onnxruntime-gpu[cuda,cudnn]' and call onnxruntime.preload_dlls() before "
+            "loading, or put their lib folders on LD_LIBRARY_PATH)"
+        )
+    return session
 
 
 class DecoderSession:
     """The decoder graph loaded in onnxruntime, checked against the I/O contract. Holds no
-    sequence state: any number of :class:`OrtDecoder` caches may run on it, from any threads."""
+    sequence state: any number of :class:`OrtDecoder` caches may run on it, from any threads.
 
-    def __init__(self, path: Path, dims: ModelDims, *, provider: str = "cpu", threads: int | None = None):
+    ``device_cache``: keep KV caches in onnxruntime memory on the provider's device (None: only
+    for a GPU provider; True on "cpu" runs the device code path on the CPU EP, for tests)."""
+
+    def __init__(
+        self,
+        path: Path,
+        dims: ModelDims,
+        *,
+        provider: str = "cpu",
+        threads: int | None = None,
+        device_cache: bool | None = None,
+    ):
+        if device_cache is not None and not isinstance(device_cache, bool):
+            raise InvalidRequestError(f"device_cache must be a bool or None, got {type(device_cache).__name__}")
+        if device_cache is None:
+            device_cache = provider != "cpu"
         self.path = path
         self.dims = dims
+        self.provider = provider
         self.session = make_session(path, provider, threads)
+        self.device = DEVICES[provider] if device_cache else None  # None: host numpy caches
+        self.gather = RowGather(PROVIDERS[provider]) if device_cache else None  # device-side row copies
+        # per layer: (past key, present key), (past value, present value); buffer 2 * layer + j
+        self.kv_names = [
+            pair
+            for i in range(dims.num_layers)
+            for pair in ((contract.past_key(i), contract.present_key(i)),
+                         (contract.past_value(i), contract.present_value(i)))
+        ]
         self._check_io()
+
+    def new_store(self) -> KVStore:
+        """An empty KV store of this graph's shape, on the host or on the device."""
+        n, heads, dim = 2 * self.dims.num_layers, self.dims.kv_heads, self.dims.head_dim
+        if self.device is None:
+            return HostKV(n, heads, dim)
+        assert self.gather is not None
+        return DeviceKV(n, heads, dim, self.device, self.gather)
 
     def _check_io(self) -> None:
         inputs, outputs = contract.io_table(
@@ -78,8 +158,16 @@ class OrtDecoder:
     ``OrtDecoder(path, dims)`` loads its own session; ``OrtDecoder.on(session)`` shares a loaded
     one. Not thread-safe itself: one sequence, one thread at a time."""
 
-    def __init__(self, path: Path, dims: ModelDims, *, provider: str = "cpu", threads: int | None = None):
-        self._attach(DecoderSession(path, dims, provider=provider, threads=threads))
+    def __init__(
+        self,
+        path: Path,
+        dims: ModelDims,
+        *,
+        provider: str = "cpu",
+        threads: int | None = None,
+        device_cache: bool | None = None,
+    ):
+        self._attach(DecoderSession(path, dims, provider=provider, threads=threads, device_cache=device_cache))
 
     @classmethod
     def on(cls, graph: DecoderSession) -> OrtDecoder:
@@ -92,27 +180,34 @@ class OrtDecoder:
         self.graph = graph
         self.dims = graph.dims
         self.session = graph.session
-        self._keys: list[np.ndarray] = []  # per layer [1, capacity, kv_heads, head_dim]
-        self._values: list[np.ndarray] = []
+        self.store = graph.new_store()  # [2 * layers, capacity, kv_heads, head_dim]
+        self._logits = DeviceScratch(graph.device) if graph.device is not None else None  # [s, vocab] on device
         self.past = 0  # cached positions of the current sequence
 
     @property
     def capacity(self) -> int:
-        return self._keys[0].shape[1] if self._keys else 0
+        return self.store.capacity
 
     def reset(self, capacity: int) -> None:
         """Start a new sequence; grow the cache buffers if they hold fewer than ``capacity`` positions."""
-        if capacity > self.capacity:
-            shape = (1, capacity, self.dims.kv_heads, self.dims.head_dim)
-            self._keys = [np.zeros(shape, np.float32) for _ in range(self.dims.num_layers)]
-            self._values = [np.zeros(shape, np.float32) for _ in range(self.dims.num_layers)]
+        if capacity > self.store.capacity:
+            self.store.allocate(capacity)
         self.past = 0
 
-    def forward(self, input_ids: np.ndarray, position_ids: np.ndarray, attention_bias: np.ndarray) -> ForwardOutput:
+    def forward(
+        self,
+        input_ids: np.ndarray,
+        position_ids: np.ndarray,
+        attention_bias: np.ndarray,
+        *,
+        logits_rows: slice | None = None,
+    ) -> ForwardOutput:
         """Run ``s`` new positions against the cache. Their K/V land in slots ``past .. past+s-1``
         but stay uncommitted until :meth:`commit`.
 
         input_ids, position_ids: [s] int64; attention_bias: [s, past + s] float32.
+        logits_rows: the window rows whose logits come back (``slice(s - 1, s)``: the last one);
+        None: all ``s``. With a device cache the other rows never leave the device.
         """
         s, past = len(input_ids), self.past
         if past + s > self.capacity:
@@ -123,25 +218,44 @@ class OrtDecoder:
         binding.bind_cpu_input(contract.INPUT_IDS, np.ascontiguousarray(input_ids, np.int64)[None])
         binding.bind_cpu_input(contract.POSITION_IDS, np.ascontiguousarray(position_ids, np.int64)[None])
         binding.bind_cpu_input(contract.ATTENTION_BIAS, np.ascontiguousarray(attention_bias, np.float32)[None, None])
-        for i in range(self.dims.num_layers):
-            for name, buf in ((contract.past_key(i), self._keys[i]), (contract.past_value(i), self._values[i])):
-                self._bind(binding.bind_input, name, buf[:, :past])
-            for name, buf in ((contract.present_key(i), self._keys[i]), (contract.present_value(i), self._values[i])):
-                self._bind(binding.bind_output, name, buf[:, past : past + s])
-        logits = np.empty((1, s, self.dims.vocab), np.float32)
+        store, device = self.store, self.store.device
+        past_shape = [1, past, self.dims.kv_heads, self.dims.head_dim]
+        new_shape = [1, s, self.dims.kv_heads, self.dims.head_dim]
+        for b, (past_name, present_name) in enumerate(self.graph.kv_names):
+            binding.bind_input(past_name, device, DEVICE_ID, np.float32, past_shape, store.ptr(b, 0))
+            binding.bind_output(present_name, device, DEVICE_ID, np.float32, new_shape, store.ptr(b, past))
+        vocab = self.dims.vocab
         hidden = np.empty((1, s, self.dims.hidden), np.float32)
-        self._bind(binding.bind_output, contract.LOGITS, logits)
-        self._bind(binding.bind_output, contract.HIDDEN_STATES, hidden)
+        self._bind_host(binding, contract.HIDDEN_STATES, hidden)
+        on_device = self._logits is not None and logits_rows is not None
+        if on_device:  # the logits stay on the device; the rows asked for are gathered to the host below
+            assert self._logits is not None
+            logits_ptr = self._logits.ptr(s * vocab)
+            binding.bind_output(contract.LOGITS, self._logits.device, DEVICE_ID, np.float32, [1, s, vocab], logits_ptr)
+        else:
+            logits = np.empty((1, s, vocab), np.float32)
+            self._bind_host(binding, contract.LOGITS, logits)
         try:
             self.session.run_with_iobinding(binding)
+            if self.graph.device is not None:  # device cache: complete before another session's run reads it
+                binding.synchronize_outputs()
         except Exception as e:  # onnxruntime's own exception types; should not happen on valid input
             raise SpecrtError(f"decoder forward failed (s={s}, past={past}): {type(e).__name__}: {e}") from None
-        return ForwardOutput(logits=logits[0], hidden_states=hidden[0])
+        if not on_device:
+            return ForwardOutput(logits=logits[0] if logits_rows is None else logits[0, logits_rows],
+                                 hidden_states=hidden[0])
+        rows = np.arange(s)[logits_rows]  # [r]
+        picked = np.empty((1, len(rows), vocab), np.float32)
+        if len(rows):
+            assert self.graph.gather is not None and self._logits is not None
+            source = Block(self._logits.device, logits_ptr, s, vocab)
+            self.graph.gather.run([source], rows, [Block("cpu", picked.ctypes.data, len(rows), vocab)])
+        return ForwardOutput(logits=picked[0], hidden_states=hidden[0])
 
     @staticmethod
-    def _bind(bind, name: str, view: np.ndarray) -> None:
-        # view: a C-contiguous float32 array (a prefix-slice of a cache buffer, or an output buffer)
-        bind(name, "cpu", 0, np.float32, list(view.shape), view.ctypes.data)
+    def _bind_host(binding: ort.IOBinding, name: str, out: np.ndarray) -> None:
+        # out: a C-contiguous float32 host array; on a GPU provider onnxruntime copies the result into it
+        binding.bind_output(name, "cpu", 0, np.float32, list(out.shape), out.ctypes.data)
 
     def truncate(self, past: int) -> None:
         """Roll the cache back to its first ``past`` positions."""
@@ -154,8 +268,5 @@ class OrtDecoder:
         keep = np.asarray(keep, np.int64)
         if len(keep) and (keep[0] < 0 or np.any(np.diff(keep) <= 0) or self.past + keep[-1] >= self.capacity):
             raise ValueError(f"commit: slots must be ascending and inside the last window, got {keep.tolist()}")
-        if not np.array_equal(keep, np.arange(len(keep))):
-            src = self.past + keep
-            for buf in (*self._keys, *self._values):
-                buf[0, self.past : self.past + len(keep)] = buf[0, src]
+        self.store.compact(self.past, keep)
         self.past += len(keep)

@@ -42,7 +42,8 @@ def _parser() -> argparse.ArgumentParser:
         "'datastore' when the pipeline built one)",
     )
     gen.add_argument("--threads", type=int, default=None, help="onnxruntime intra-op threads")
-    gen.add_argument("--provider", default="cpu", help="execution provider (cpu)")
+    gen.add_argument("--provider", default="cpu",
+                     help="execution provider: cpu, or cuda (needs onnxruntime-gpu; README, 'CUDA')")
     gen.add_argument("--draft", default=None, help="draft model artifact folder, for --method sd, hsd or hsd_capped "
                      "(same tokenizer as --model)")
     gen.add_argument("--stream", action="store_true", help="print text as it is accepted")

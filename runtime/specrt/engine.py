@@ -129,14 +129,25 @@ def check_tree(tree: object, budget: int, vocab: int, drafter: str) -> DraftTree
     return tree
 
 
-def prefill(decoder: OrtDecoder, ids: np.ndarray, chunk: int) -> Iterator[ForwardOutput]:
+def prefill(
+    decoder: OrtDecoder, ids: np.ndarray, chunk: int, *, last_logits_only: bool = False
+) -> Iterator[ForwardOutput]:
     """Cache ``ids`` ([t] int64) after the decoder's past, ``chunk`` positions per pass; yields
-    each pass's output (logits [<= chunk, vocab], hidden states [<= chunk, hidden])."""
+    each pass's output (logits [<= chunk, vocab], hidden states [<= chunk, hidden]).
+
+    ``last_logits_only``: the passes return no logits ([0, vocab]) but the final one, which
+    returns its last row ([1, vocab]): all that the next token needs (on a GPU, all that is copied
+    to the host)."""
     for start in range(0, len(ids), chunk):
         piece = ids[start : start + chunk]
-        past = decoder.past
-        out = decoder.forward(piece, np.arange(past, past + len(piece)), causal_bias(past, len(piece)))
-        decoder.commit(np.arange(len(piece)))
+        past, n = decoder.past, len(piece)
+        position_ids, bias = np.arange(past, past + n), causal_bias(past, n)
+        if last_logits_only:
+            rows = slice(n - 1, n) if start + chunk >= len(ids) else slice(0, 0)
+            out = decoder.forward(piece, position_ids, bias, logits_rows=rows)
+        else:
+            out = decoder.forward(piece, position_ids, bias)
+        decoder.commit(np.arange(n))
         yield out
 
 
@@ -228,7 +239,7 @@ class SpeculativeLoop:
         vocab = self.decoder.dims.vocab
         t0 = time.perf_counter()
         hidden = []
-        for out in prefill(self.decoder, prompt, cfg.prefill_chunk):
+        for out in prefill(self.decoder, prompt, cfg.prefill_chunk, last_logits_only=True):
             hidden.append(out.hidden_states)
         first = np.array([self._choose(out.logits[-1])], np.int64)
         stats.prefill_s = time.perf_counter() - t0

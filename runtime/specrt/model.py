@@ -138,6 +138,7 @@ class SpecModel:
         threads: int | None,
         datastore: Path | None = None,
         draft: tuple[Path, Manifest] | None = None,
+        device_cache: bool | None = None,
     ):
         self.folder = folder
         self.manifest = manifest
@@ -155,14 +156,15 @@ class SpecModel:
             self.tokenizer = Tokenizer.from_file(str(folder / manifest.tokenizer))
         except Exception as e:  # the tokenizers library raises a bare Exception on bad JSON
             raise ArtifactError(f"{folder / manifest.tokenizer}: not a valid tokenizer.json ({e})") from None
-        self.graph = DecoderSession(folder / manifest.decoder, manifest.dims, provider=provider, threads=threads)
+        self.graph = DecoderSession(folder / manifest.decoder, manifest.dims, provider=provider, threads=threads,
+                                    device_cache=device_cache)
         self.draft_manifest: Manifest | None = None  # the draft model of sd / hsd / hsd_capped, if loaded
         self.draft_graph: DecoderSession | None = None
         if draft is not None:
             draft_folder, self.draft_manifest = draft
             check_vocab_compatible(folder / manifest.tokenizer, draft_folder / self.draft_manifest.tokenizer)
             self.draft_graph = DecoderSession(draft_folder / self.draft_manifest.decoder, self.draft_manifest.dims,
-                                              provider=provider, threads=threads)
+                                              provider=provider, threads=threads, device_cache=device_cache)
         if datastore is not None:  # refuse a datastore of another tokenizer now, not at the first request
             datastore_for(self.drafter_env(tree=False), "load")
 
@@ -362,12 +364,17 @@ def load(
     check_hashes: bool = True,
     datastore: str | Path | None = None,
     draft: str | Path | None = None,
+    device_cache: bool | None = None,
 ) -> SpecModel:
     """Load an artifact folder built by the pipeline (``artifacts/<model>/<variant>``).
 
     Refuses a folder whose files differ from its manifest (sizes always; sha256 unless
     ``check_hashes=False``). ``draft``: the artifact folder of a draft model for ``sd``, ``hsd`` and
     ``hsd_capped``; refused unless its tokenizer maps every id to the same token as the target's.
+
+    ``provider``: "cpu", or "cuda" (needs onnxruntime-gpu; see the README, 'CUDA'): the KV caches
+    then live on the GPU. ``device_cache``: None keeps them where the provider computes; True on
+    "cpu" runs the GPU code path (onnxruntime memory, device-side compaction) on the CPU, for tests.
     """
     folder = Path(folder)
     manifest = read_manifest(folder, check_hashes=check_hashes)
@@ -375,4 +382,5 @@ def load(
     draft_pair = None
     if draft is not None:
         draft_pair = (Path(draft), read_manifest(Path(draft), check_hashes=check_hashes))
-    return SpecModel(folder, manifest, provider=provider, threads=threads, datastore=store, draft=draft_pair)
+    return SpecModel(folder, manifest, provider=provider, threads=threads, datastore=store, draft=draft_pair,
+                     device_cache=device_cache)
