@@ -1,0 +1,523 @@
+"""Peers in the same run: what users would pick instead of specrt, on the same checkpoint and prompt ids.
+
+    python -m pipeline.peers --hf artifacts/M/hf --prompts ../shared/data/specbench/question.jsonl \\
+        --build-dir /tmp/peers --precisions int4 fp32 --per-task 1 --max-prompts 2 \\
+        --max-new-tokens 48 --threads 2 --out /tmp/peers/report.json [--artifact artifacts/M/int4]
+
+Peers, each greedy, batch 1, on the CPU, with the same intra-op thread count as ours:
+
+- ``ort-genai/<precision>/plain``: onnxruntime-genai's model builder turns the HF checkpoint into
+  its own ONNX model (``python -m onnxruntime_genai.models.builder -i HF -o OUT -p int4|fp32 -e cpu``;
+  the int4 build gets :data:`GENAI_INT4_OPTIONS`, our int4 recipe), run by its ``Generator`` loop
+  (``append_tokens`` the prompt ids, then ``generate_next_token`` until done).
+- ``ort-genai/<precision>/ngram``: the same model with onnxruntime-genai's own n-gram (prompt
+  lookup) speculative decoding, ``GeneratorParams.set_speculative_options(ngram_size=...,
+  max_draft_tokens=...)``. It exists in onnxruntime-genai 0.18.0: the binding has
+  ``set_speculative_options`` / ``get_speculative_options`` / ``Generator.get_speculative_stats``,
+  the library holds ``Generators::NGramDecodingStrategy``, and its docs/speculative_decoding.md
+  documents the options (``ngram_size`` 2-16, ``max_draft_tokens`` 1-16, ``ngram_chained_lookup``,
+  ``min_adaptive_k``, ``cooldown``). It needs per-token logits, i.e. a build without
+  ``prune_lm_head`` (the builder's default).
+- ``hf/fp32/plain`` and ``hf/fp32/prompt_lookup``: transformers ``generate`` (torch, fp32) on the HF
+  checkpoint, plain and with ``prompt_lookup_num_tokens=N``, after ``torch.set_num_threads(threads)``.
+- ``specrt/<variant>/baseline`` and ``specrt/<variant>/pld`` when ``--artifact`` names one of our
+  artifacts: then the prompts are encoded by that artifact, and every peer's token match is
+  reported against specrt's plain decoding.
+
+Prompts are token ids: the first turns of Spec-Bench questions in the model's chat template
+(``model.encode(turn, chat=True)`` of the artifact, or else the HF tokenizer with the template
+split as the export stage splits it: the same ids), cut at ``max_prompt_tokens``. Every peer gets
+the same ids and the same stop ids (the artifact's EOS ids, or else the checkpoint's
+generation-config EOS), and every run records the ids it generated (EOS kept, as specrt does).
+
+Timing, as specrt's ``LoopStats``: the prefill ends when the first new token is known
+(``prefill_s``); the decode phase covers every later token (``decode_tokens = new - 1``,
+``decode_s``); ``decode_tokens_per_s`` is summed tokens over summed seconds across prompts.
+onnxruntime-genai: ``append_tokens`` runs the prompt and the first ``generate_next_token``
+picks the first token, the two together are the prefill. transformers: a streamer stamps the
+time of each ``put``; its second call carries the first new token. Before timing, each model
+generates 4 untimed tokens for the first prompt (allocations, lazy weight prepacking).
+transformers' prompt lookup has no separate prefill: its first pass verifies drafts over the
+prompt, so its first ``put`` may carry several tokens; they count as prefill tokens
+(``prefill_tokens``), and ``decode_tokens`` = new tokens - prefill tokens. (onnxruntime-genai's
+first ``generate_next_token`` samples from the prefill logits only: its n-gram rounds start after.)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import shlex
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import yaml
+
+from .atomic import staged_dir, write_text_atomic
+from .bench import matched_prefix
+from .specbench import first_per_task, read_questions
+
+log = logging.getLogger(__name__)
+
+BUILD_RECORD = "peers_build.json"  # written into every genai build folder: the command, time, size
+
+# onnxruntime-genai builder options giving our int4 recipe (params.yaml quantize.variants.int4):
+# MatMulNBits 4-bit, block 32, symmetric, accuracy_level 0 (fp32 activations; the builder's CPU
+# default is 4), lm_head (a MatMul) and the embedding (Gather -> GatherBlockQuantized) 4-bit.
+GENAI_INT4_OPTIONS = {
+    "accuracy_level": "0",
+    "block_size": "32",
+    "is_symmetric": "true",
+    "op_types_to_quantize": "MatMul/Gather",
+}
+GENAI_PRECISIONS = ("fp32", "int4")
+WARMUP_TOKENS = 4
+
+# n-gram settings of the ort-genai speculative run: the starting point its docs recommend
+# (docs/speculative_decoding.md, "Tuning": ngram_size 3 or 4, max_draft_tokens 4), fixed width.
+GENAI_NGRAM = {"ngram_size": 3, "max_draft_tokens": 4}
+SPEC_STATS = ("rounds", "draft_tokens_proposed", "draft_tokens_accepted", "target_forward_passes")
+
+
+# ---------------------------------------------------------------------------------------------
+# onnxruntime-genai
+
+
+def builder_command(hf_dir: Path, out_dir: Path, precision: str, extra_options: dict[str, str],
+                    cache_dir: Path) -> list[str]:
+    cmd = [sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", str(hf_dir), "-o", str(out_dir),
+           "-p", precision, "-e", "cpu", "-c", str(cache_dir)]
+    if extra_options:
+        cmd += ["--extra_options", *(f"{k}={v}" for k, v in extra_options.items())]
+    return cmd
+
+
+def build_genai(
+    hf_dir: Path, out_dir: Path, precision: str, extra_options: dict[str, str] | None = None, *, reuse: bool = True
+) -> dict[str, Any]:
+    """Build ``hf_dir`` with onnxruntime-genai's model builder into ``out_dir`` (written whole or
+    not at all), and return the build record: the command, seconds, bytes of the folder.
+
+    ``extra_options`` default: :data:`GENAI_INT4_OPTIONS` for int4, none for fp32. With ``reuse``,
+    a folder built by the same command, builder version and checkpoint files (sizes, mtimes) is
+    kept (its record comes back with ``reused``)."""
+    if precision not in GENAI_PRECISIONS:
+        raise ValueError(f"precision must be one of {GENAI_PRECISIONS}, got {precision!r}")
+    if extra_options is None:
+        extra_options = dict(GENAI_INT4_OPTIONS) if precision == "int4" else {}
+    import onnxruntime_genai as og
+
+    hf_dir, out_dir = Path(hf_dir).resolve(), Path(out_dir).resolve()
+    shown = builder_command(hf_dir, out_dir, precision, extra_options, Path("<tmp>"))
+    source = {p.name: [p.stat().st_size, p.stat().st_mtime_ns] for p in sorted(hf_dir.iterdir()) if p.is_file()}
+    record_path = out_dir / BUILD_RECORD
+    if reuse and record_path.exists():
+        record = json.loads(record_path.read_text())
+        if (record.get("command"), record.get("source"), record.get("onnxruntime_genai")) == (
+            shown[1:], source, og.__version__
+        ):
+            log.info("reusing %s (built by the same command from the same checkpoint files)", out_dir)
+            return {**record, "reused": True}
+
+    with staged_dir(out_dir) as stage, tempfile.TemporaryDirectory(dir=out_dir.parent) as cache:
+        cmd = builder_command(hf_dir, stage, precision, extra_options, Path(cache))
+        log.info("building: %s", shlex.join(shown))
+        t0 = time.perf_counter()
+        with open(stage / "build.log", "w", encoding="utf-8") as build_log:
+            done = subprocess.run(cmd, stdout=build_log, stderr=subprocess.STDOUT, check=False)
+        seconds = time.perf_counter() - t0
+        if done.returncode != 0:
+            tail = (stage / "build.log").read_text(encoding="utf-8", errors="replace")[-2000:]
+            raise RuntimeError(f"onnxruntime-genai builder exited {done.returncode}:\n{tail}")
+        record = {
+            "precision": precision,
+            "extra_options": extra_options,
+            "command": shown[1:],  # without the interpreter path
+            "command_line": shlex.join(["python", *shown[1:]]),
+            "source": source,  # the checkpoint's files: [bytes, mtime_ns]; a change means a rebuild
+            "onnxruntime_genai": og.__version__,
+            "build_s": round(seconds, 1),
+            "bytes": sum(p.stat().st_size for p in stage.iterdir() if p.is_file()),
+        }
+        write_text_atomic(stage / BUILD_RECORD, json.dumps(record, indent=2) + "\n")
+    return {**record, "reused": False}
+
+
+def _genai_model(model_dir: Path, threads: int | None, eos_token_ids: Sequence[int] | None) -> Any:
+    import onnxruntime_genai as og
+
+    config = og.Config(str(model_dir))
+    overlay: dict[str, Any] = {}
+    if threads is not None:
+        overlay["decoder"] = {"session_options": {"intra_op_num_threads": threads, "inter_op_num_threads": 1}}
+    if eos_token_ids is not None:
+        overlay["eos_token_id"] = [int(t) for t in eos_token_ids]
+    if overlay:
+        config.overlay(json.dumps({"model": overlay}))
+    return og.Model(config)
+
+
+def _genai_eos(model_dir: Path, eos_token_ids: Sequence[int] | None) -> frozenset[int]:
+    if eos_token_ids is None:
+        eos = json.loads((Path(model_dir) / "genai_config.json").read_text())["model"]["eos_token_id"]
+        eos_token_ids = eos if isinstance(eos, list) else [eos]
+    return frozenset(int(t) for t in eos_token_ids)
+
+
+def _genai_generate(og: Any, model: Any, prompt: np.ndarray, max_new_tokens: int,
+                    speculative: dict[str, Any] | None, eos: frozenset[int]) -> tuple[np.ndarray, float, float, dict]:
+    """(new ids [k] int64, prefill_s, decode_s, speculative stats) of one greedy generation."""
+    params = og.GeneratorParams(model)
+    params.set_search_options(max_length=len(prompt) + max_new_tokens, do_sample=False)
+    if speculative:
+        params.set_speculative_options(**speculative)
+    generator = og.Generator(model, params)
+    t0 = time.perf_counter()
+    generator.append_tokens(np.asarray(prompt, np.int32)[None])
+    generator.generate_next_token()
+    t1 = time.perf_counter()
+    while not generator.is_done():
+        generator.generate_next_token()
+    t2 = time.perf_counter()
+    ids = np.asarray(generator.get_sequence(0), np.int64)[len(prompt):]
+    last = int(generator.get_next_tokens()[0])
+    if len(ids) < max_new_tokens and last in eos:  # genai leaves the EOS out of the sequence; specrt keeps it
+        ids = np.append(ids, last)
+    stats = dict(generator.get_speculative_stats()) if speculative else {}
+    return ids, t1 - t0, t2 - t1, stats
+
+
+def run_genai(
+    model_dir: Path,
+    prompts: Sequence[np.ndarray],
+    max_new_tokens: int,
+    threads: int | None,
+    *,
+    speculative: dict[str, Any] | None = None,
+    eos_token_ids: Sequence[int] | None = None,
+    name: str | None = None,
+) -> dict[str, Any]:
+    """Greedy onnxruntime-genai generation of every prompt ([t] token ids); with ``speculative``
+    (options of ``GeneratorParams.set_speculative_options``, e.g. :data:`GENAI_NGRAM`) its
+    speculative decoding. ``eos_token_ids`` replaces the model's stop ids."""
+    import onnxruntime_genai as og
+
+    model = _genai_model(Path(model_dir), threads, eos_token_ids)
+    eos = _genai_eos(Path(model_dir), eos_token_ids)
+    _genai_generate(og, model, prompts[0], min(WARMUP_TOKENS, max_new_tokens), speculative, eos)
+    results = [_genai_generate(og, model, p, max_new_tokens, speculative, eos) for p in prompts]
+    name = name or f"ort-genai/{Path(model_dir).name}/{'ngram' if speculative else 'plain'}"
+    report = _tally(name, [(ids, pre, dec, 1) for ids, pre, dec, _ in results])
+    if speculative:
+        report["speculative_options"] = dict(speculative)
+        totals = {k: int(sum(s.get(k, 0) for *_, s in results)) for k in SPEC_STATS}
+        totals["acceptance"] = round(totals["draft_tokens_accepted"] / totals["draft_tokens_proposed"], 4) \
+            if totals["draft_tokens_proposed"] else 0.0
+        report["speculative_stats"] = totals
+    return report
+
+
+# ---------------------------------------------------------------------------------------------
+# transformers
+
+
+def _hf_clock() -> Any:
+    from transformers.generation.streamers import BaseStreamer
+
+    class Clock(BaseStreamer):
+        """Stamps each ``put`` with its token count: the first carries the prompt, the second the
+        first new token (prompt lookup: the tokens of the first verify pass, which includes the prefill)."""
+
+        def __init__(self) -> None:
+            self.stamps: list[tuple[float, int]] = []
+
+        def put(self, value: Any) -> None:
+            self.stamps.append((time.perf_counter(), int(value.numel())))
+
+        def end(self) -> None:
+            pass
+
+    return Clock()
+
+
+def run_hf(
+    hf_dir: Path,
+    prompts: Sequence[np.ndarray],
+    max_new_tokens: int,
+    threads: int | None,
+    prompt_lookup: int | None = None,
+    *,
+    eos_token_ids: Sequence[int] | None = None,
+    model: Any = None,
+    name: str | None = None,
+) -> dict[str, Any]:
+    """Greedy transformers ``generate`` (torch, fp32) of every prompt; with ``prompt_lookup`` = N,
+    prompt-lookup decoding (``prompt_lookup_num_tokens=N``). ``model``: an already loaded
+    ``AutoModelForCausalLM`` of ``hf_dir`` (spares a second load)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    if threads is not None:
+        torch.set_num_threads(threads)
+    if model is None:
+        model = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32).eval()
+    eos = list(eos_token_ids) if eos_token_ids is not None else model.generation_config.eos_token_id
+    eos_list = eos if isinstance(eos, list) else [eos]
+    options: dict[str, Any] = dict(do_sample=False, eos_token_id=eos_list, pad_token_id=eos_list[0])
+    if prompt_lookup:
+        options["prompt_lookup_num_tokens"] = prompt_lookup
+
+    def generate(prompt: np.ndarray, n: int) -> tuple[np.ndarray, float, float, int]:
+        ids = torch.as_tensor(np.asarray(prompt, np.int64))[None]
+        clock = _hf_clock()
+        with torch.inference_mode():
+            t0 = time.perf_counter()
+            out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, min_new_tokens=0,
+                                 streamer=clock, **options)
+            t_end = time.perf_counter()
+        new = out[0, ids.shape[1]:].numpy().astype(np.int64)
+        first, first_tokens = clock.stamps[1] if len(clock.stamps) > 1 else (t_end, len(new))
+        return new, first - t0, t_end - first, first_tokens
+
+    generate(prompts[0], min(WARMUP_TOKENS, max_new_tokens))
+    report = _tally(name or f"hf/fp32/{'prompt_lookup' if prompt_lookup else 'plain'}",
+                    [generate(p, max_new_tokens) for p in prompts])
+    if prompt_lookup:
+        report["prompt_lookup_num_tokens"] = prompt_lookup
+    return report
+
+
+# ---------------------------------------------------------------------------------------------
+# report
+
+
+def _tally(name: str, results: Sequence[tuple[np.ndarray, float, float, int]]) -> dict[str, Any]:
+    """One peer run from (new ids [k], prefill_s, decode_s, tokens known when the prefill ended)
+    per prompt: sums over the prompts; decode tokens exclude the prefill's."""
+    new_tokens = sum(len(ids) for ids, *_ in results)
+    prefill_tokens = sum(min(first, len(ids)) for ids, _, _, first in results)
+    decode_tokens = new_tokens - prefill_tokens
+    decode_s = sum(dec for _, _, dec, _ in results)
+    return {
+        "name": name,
+        "new_tokens": new_tokens,
+        "decode_tokens": decode_tokens,
+        "decode_s": round(decode_s, 4),
+        "decode_tokens_per_s": round(decode_tokens / decode_s, 3) if decode_s > 0 else 0.0,
+        "prefill_s": round(sum(pre for _, pre, _, _ in results), 4),
+        "prefill_tokens": prefill_tokens,
+        "ids": [ids.tolist() for ids, *_ in results],
+    }
+
+
+def token_match(ids: Sequence[Sequence[int]], reference: Sequence[Sequence[int]]) -> float:
+    """Tokens equal to the reference's before the first difference (a shorter or longer output
+    differs at its end), over the reference's tokens, summed over the prompts."""
+    matched = total = 0
+    for a, b in zip(ids, reference, strict=True):
+        m, n = matched_prefix(np.asarray(a), np.asarray(b))
+        matched, total = matched + m, total + n
+    return round(matched / total, 6) if total else 1.0
+
+
+def plain_of(name: str) -> str:
+    """The plain-decoding run of the same peer and precision: ort-genai/int4/ngram -> ort-genai/int4/plain."""
+    family = name.rsplit("/", 1)[0]
+    return family + ("/baseline" if family.startswith("specrt/") else "/plain")
+
+
+def add_token_match(runs: list[dict[str, Any]], reference: dict[str, Any]) -> None:
+    """Writes into every run its ``token_match`` / ``identical`` against ``reference`` (our
+    baseline, or transformers' fp32 greedy), and, for a speculative run, ``token_match_plain``
+    against the plain decoding of the same peer and precision (1.0: lossless on these prompts)."""
+    by_name = {r["name"]: r for r in runs}
+    for run in runs:
+        run["token_match_vs"] = reference["name"]
+        run["token_match"] = token_match(run["ids"], reference["ids"])
+        run["identical"] = run["ids"] == reference["ids"]
+        plain = by_name.get(plain_of(run["name"]))
+        if plain is not None and plain is not run:
+            run["token_match_plain"] = token_match(run["ids"], plain["ids"])
+
+
+def versions() -> dict[str, str | None]:
+    out: dict[str, str | None] = {}
+    for module in ("onnxruntime_genai", "onnxruntime", "transformers", "torch"):
+        try:
+            out[module] = __import__(module).__version__
+        except ImportError:
+            out[module] = None
+    return out
+
+
+def hf_prompts(hf_dir: Path, texts: Sequence[str], max_prompt_tokens: int) -> tuple[list[np.ndarray], list[int]]:
+    """Prompt ids ([t] int64 each) in the checkpoint's chat template, split as the export stage
+    splits it (so the ids equal specrt's ``model.encode(text, chat=True)``), and its EOS ids."""
+    from transformers import AutoTokenizer, GenerationConfig
+
+    from .export import chat_template
+
+    tokenizer = AutoTokenizer.from_pretrained(hf_dir)
+    chat = chat_template(tokenizer)
+    wrap = (lambda t: chat.prefix + t + chat.suffix) if chat else (lambda t: t)
+    prompts = [np.array(tokenizer(wrap(t))["input_ids"], np.int64)[:max_prompt_tokens] for t in texts]
+    eos = GenerationConfig.from_pretrained(hf_dir).eos_token_id
+    return prompts, [int(e) for e in (eos if isinstance(eos, list) else [eos])]
+
+
+def run(
+    hf_dir: Path,
+    questions_path: Path,
+    build_dir: Path,
+    *,
+    precisions: Sequence[str] = GENAI_PRECISIONS,
+    per_task: int = 1,
+    max_prompts: int | None = None,
+    max_prompt_tokens: int = 256,
+    max_new_tokens: int = 48,
+    threads: int | None = None,
+    prompt_lookup: int = 10,
+    genai_ngram: dict[str, Any] | None = None,
+    artifact: Path | None = None,
+    hf: bool = True,
+    rebuild: bool = False,
+) -> dict[str, Any]:
+    """Worker of the CLI: builds the genai models under ``build_dir/<precision>``, runs every peer
+    on the same prompt ids, and returns the report."""
+    genai_ngram = dict(GENAI_NGRAM if genai_ngram is None else genai_ngram)
+    questions = first_per_task(read_questions(questions_path), per_task)[:max_prompts]
+    texts = [q.turns[0] for q in questions]
+    runs: list[dict[str, Any]] = []
+    reference = None
+    if artifact is not None:
+        import specrt
+
+        model = specrt.load(artifact, threads=threads)
+        chat = model.manifest.chat is not None
+        prompts = [model.encode(t, chat=chat)[:max_prompt_tokens] for t in texts]
+        eos = list(model.manifest.eos_token_ids)
+        model.generate_ids(prompts[0], method="baseline", max_new_tokens=WARMUP_TOKENS)
+        for method in ("baseline", "pld"):
+            results = []
+            for p in prompts:
+                model.forget_history()
+                ids, loop = model.generate_ids(p, method=method, max_new_tokens=max_new_tokens)
+                results.append((ids, loop.stats.prefill_s, loop.stats.decode_s, 1))
+            runs.append(_tally(f"specrt/{model.manifest.variant}/{method}", results))
+        reference = runs[0]
+        del model
+    else:
+        prompts, eos = hf_prompts(hf_dir, texts, max_prompt_tokens)
+
+    builds = {}
+    for precision in precisions:
+        builds[precision] = build_genai(hf_dir, Path(build_dir) / precision, precision, reuse=not rebuild)
+        model_dir = Path(build_dir) / precision
+        runs.append(run_genai(model_dir, prompts, max_new_tokens, threads, eos_token_ids=eos,
+                              name=f"ort-genai/{precision}/plain"))
+        runs.append(run_genai(model_dir, prompts, max_new_tokens, threads, eos_token_ids=eos,
+                              speculative=genai_ngram, name=f"ort-genai/{precision}/ngram"))
+    if hf:
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        model = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32).eval()
+        for lookup in (None, prompt_lookup) if prompt_lookup else (None,):
+            runs.append(run_hf(hf_dir, prompts, max_new_tokens, threads, lookup, eos_token_ids=eos, model=model))
+        del model
+    if reference is None:
+        names = [r["name"] for r in runs]
+        reference = runs[names.index("hf/fp32/plain") if "hf/fp32/plain" in names else 0]
+    add_token_match(runs, reference)
+    return {
+        "hf_dir": str(hf_dir),
+        "artifact": str(artifact) if artifact else None,
+        "questions": [q.question_id for q in questions],
+        "prompt_tokens": [len(p) for p in prompts],
+        "prompt_ids": [p.tolist() for p in prompts],
+        "eos_token_ids": eos,
+        "max_new_tokens": max_new_tokens,
+        "threads": threads,
+        "cpu_count": os.cpu_count(),
+        "versions": versions(),
+        "builds": builds,
+        "runs": runs,
+    }
+
+
+def metrics(report: dict[str, Any]) -> dict[str, Any]:
+    """Decode tok/s, prefill and token match per run, and every specrt run's decode tok/s over
+    every peer's (``ratios["specrt/int4/pld / ort-genai/int4/ngram"]``): measured in one process."""
+    runs = {r["name"]: {k: r[k] for k in ("decode_tokens_per_s", "prefill_s", "token_match")}
+            for r in report["runs"]}
+    ours = [n for n in runs if n.startswith("specrt/")]
+    ratios = {f"{a} / {b}": round(runs[a]["decode_tokens_per_s"] / runs[b]["decode_tokens_per_s"], 3)
+              for a in ours for b in runs if b not in ours and runs[b]["decode_tokens_per_s"] > 0}
+    return {"threads": report["threads"], "prompts": len(report["prompt_ids"]),
+            "max_new_tokens": report["max_new_tokens"], "runs": runs, "ratios": ratios}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--hf", type=Path, required=True, help="HF checkpoint folder (weights stage)")
+    parser.add_argument("--prompts", type=Path, required=True, help="Spec-Bench question.jsonl")
+    parser.add_argument("--build-dir", type=Path,
+                        help="onnxruntime-genai builds go to DIR/<precision> (default: a temporary folder)")
+    parser.add_argument("--out", type=Path, required=True, help="report JSON to write")
+    parser.add_argument("--metrics", type=Path, help="small metrics JSON to write: tok/s per run and our ratios")
+    parser.add_argument("--precisions", nargs="*", default=list(GENAI_PRECISIONS), choices=GENAI_PRECISIONS)
+    parser.add_argument("--per-task", type=int, default=1, help="first turns per Spec-Bench task")
+    parser.add_argument("--max-prompts", type=int, help="keep the first N of those prompts")
+    parser.add_argument("--max-prompt-tokens", type=int, default=256)
+    parser.add_argument("--max-new-tokens", type=int, default=48)
+    parser.add_argument("--threads", type=int, help="intra-op threads of every peer (default: each one's own)")
+    parser.add_argument("--prompt-lookup", type=int, default=10,
+                        help="transformers prompt_lookup_num_tokens (0: no prompt-lookup run)")
+    parser.add_argument("--genai-ngram-size", type=int, default=GENAI_NGRAM["ngram_size"])
+    parser.add_argument("--genai-max-draft-tokens", type=int, default=GENAI_NGRAM["max_draft_tokens"])
+    parser.add_argument("--artifact", type=Path, help="a specrt artifact: encodes the prompts, runs specrt "
+                        "baseline and pld beside the peers, and is the token-match reference")
+    parser.add_argument("--no-hf", action="store_true", help="leave out the transformers peer")
+    parser.add_argument("--rebuild", action="store_true", help="rebuild genai models even if built by the same command")
+    parser.add_argument("--params", type=Path, help="params.yaml: its `peers` section sets the options above "
+                        "(same names; prompts_per_task is --per-task)")
+    args = parser.parse_args(argv)
+    if args.params:
+        section = yaml.safe_load(args.params.read_text())["peers"]
+        known = {"artifact", "precisions", "prompts_per_task", "max_prompts", "max_prompt_tokens", "max_new_tokens",
+                 "threads", "prompt_lookup", "genai_ngram_size", "genai_max_draft_tokens"}
+        if set(section) - known:
+            parser.error(f"{args.params}: peers.{sorted(set(section) - known)[0]} is not an option "
+                         f"(known: {', '.join(sorted(known))})")
+        for key, value in section.items():
+            if key != "artifact":  # the artifact is a path: --artifact
+                setattr(args, {"prompts_per_task": "per_task"}.get(key, key), value)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    with tempfile.TemporaryDirectory(prefix="specrt-peers-") as tmp:
+        report = run(
+            args.hf, args.prompts, args.build_dir or Path(tmp), precisions=args.precisions, per_task=args.per_task,
+            max_prompts=args.max_prompts, max_prompt_tokens=args.max_prompt_tokens,
+            max_new_tokens=args.max_new_tokens, threads=args.threads, prompt_lookup=args.prompt_lookup,
+            genai_ngram={"ngram_size": args.genai_ngram_size, "max_draft_tokens": args.genai_max_draft_tokens},
+            artifact=args.artifact, hf=not args.no_hf, rebuild=args.rebuild,
+        )
+    write_text_atomic(args.out, json.dumps(report, indent=2) + "\n")
+    if args.metrics:
+        write_text_atomic(args.metrics, json.dumps(metrics(report), indent=2) + "\n")
+    for r in report["runs"]:
+        log.info("%-28s decode %7.2f tok/s (%d tokens)  prefill %.2f s  match %.3f vs %s%s", r["name"],
+                 r["decode_tokens_per_s"], r["decode_tokens"], r["prefill_s"], r["token_match"], r["token_match_vs"],
+                 f", {r['token_match_plain']:.3f} vs its plain run" if "token_match_plain" in r else "")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

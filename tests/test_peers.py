@@ -1,0 +1,172 @@
+"""Peers (pipeline/peers.py) on a tiny random Qwen2: onnxruntime-genai builds it, and every greedy
+peer gives the ids of transformers' plain greedy decoding."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("onnxruntime_genai", reason="onnxruntime-genai is not installed (pip install onnxruntime-genai)")
+
+import onnx  # noqa: E402
+from transformers import PreTrainedTokenizerFast  # noqa: E402
+
+from pipeline import peers  # noqa: E402
+from tests.tiny import EOS, PROMPTS, memorize, tiny_model, tiny_tokenizer  # noqa: E402
+
+NEW_TOKENS = 24
+
+
+@pytest.fixture(scope="module")
+def tiny_hf(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[np.ndarray]]:
+    """A saved HF checkpoint of a tiny Qwen2 (head size 16, as the genai CPU rotary needs), and
+    token-id prompts that repeat text it memorized (so n-gram drafts get accepted)."""
+    root = tmp_path_factory.mktemp("peers")
+    tokenizer = PreTrainedTokenizerFast(tokenizer_file=str(tiny_tokenizer(root / "tokenizer.json")), eos_token=EOS)
+    model = memorize(tiny_model("qwen2", tokenizer.vocab_size, tokenizer.eos_token_id), tokenizer)
+    hf_dir = root / "hf"
+    model.save_pretrained(hf_dir)
+    tokenizer.save_pretrained(hf_dir)
+    prompts = [np.array(tokenizer(p)["input_ids"], np.int64) for p in PROMPTS[:3]]
+    return hf_dir, prompts
+
+
+@pytest.fixture(scope="module")
+def hf_plain(tiny_hf: tuple[Path, list[np.ndarray]]) -> dict:
+    hf_dir, prompts = tiny_hf
+    return peers.run_hf(hf_dir, prompts, NEW_TOKENS, threads=1)
+
+
+def test_genai_fp32_plain_and_ngram_equal_hf_greedy(tiny_hf, hf_plain, tmp_path):
+    hf_dir, prompts = tiny_hf
+    build = peers.build_genai(hf_dir, tmp_path / "fp32", "fp32")
+    assert build["reused"] is False and build["extra_options"] == {} and build["bytes"] > 0
+    assert "-p fp32" in " ".join(build["command"])
+
+    eos = json.loads((hf_dir / "config.json").read_text())["eos_token_id"]
+    plain = peers.run_genai(tmp_path / "fp32", prompts, NEW_TOKENS, threads=1, name="ort-genai/fp32/plain")
+    ngram = peers.run_genai(tmp_path / "fp32", prompts, NEW_TOKENS, threads=1, speculative=peers.GENAI_NGRAM)
+    assert plain["ids"] == hf_plain["ids"]
+    assert ngram["ids"] == hf_plain["ids"]  # genai's n-gram speculation is lossless here
+    assert ngram["speculative_stats"]["draft_tokens_proposed"] > 0  # and it did speculate
+    # one prompt stops at EOS (kept in the ids, as specrt keeps it: genai's sequence leaves it out),
+    # one runs to the limit
+    assert {len(ids) for ids in plain["ids"]} >= {NEW_TOKENS} and any(ids[-1:] == [eos] for ids in plain["ids"])
+    for run in (plain, ngram, hf_plain):
+        assert run["decode_tokens"] == sum(len(ids) - 1 for ids in run["ids"])
+        assert run["decode_s"] > 0 and run["prefill_s"] > 0
+
+
+def test_hf_prompt_lookup_equals_hf_plain(tiny_hf, hf_plain):
+    hf_dir, prompts = tiny_hf
+    lookup = peers.run_hf(hf_dir, prompts, NEW_TOKENS, threads=1, prompt_lookup=10)
+    assert lookup["name"] == "hf/fp32/prompt_lookup" and lookup["prompt_lookup_num_tokens"] == 10
+    assert lookup["ids"] == hf_plain["ids"]
+    # its first pass verifies drafts over the prompt: those tokens count to the prefill
+    assert lookup["new_tokens"] == lookup["decode_tokens"] + lookup["prefill_tokens"]
+    assert lookup["prefill_tokens"] >= len(prompts)
+
+
+def test_genai_int4_build_follows_our_recipe(tiny_hf, tmp_path):
+    # ours (params.yaml quantize.variants.int4): MatMulNBits 4-bit, block 32, symmetric,
+    # accuracy_level 0, lm_head and embedding 4-bit
+    hf_dir, prompts = tiny_hf
+    build = peers.build_genai(hf_dir, tmp_path / "int4", "int4")
+    assert build["extra_options"] == peers.GENAI_INT4_OPTIONS
+    graph = onnx.load(tmp_path / "int4" / "model.onnx", load_external_data=False).graph
+    nbits = [n for n in graph.node if n.op_type == "MatMulNBits"]
+    attrs = [{a.name: onnx.helper.get_attribute_value(a) for a in n.attribute} for n in nbits]
+    assert nbits and not [n for n in graph.node if n.op_type == "MatMul"]
+    assert all(a["bits"] == 4 and a["block_size"] == 32 and a.get("accuracy_level", 0) == 0 for a in attrs)
+    assert all(len(n.input) < 4 or not n.input[3] for n in nbits)  # symmetric: no zero points
+    assert any(n.name.startswith("/lm_head/") for n in nbits)
+    embed = [n for n in graph.node if n.op_type == "GatherBlockQuantized"]
+    assert len(embed) == 1 and {a.name: a.i for a in embed[0].attribute}.get("bits", 4) == 4  # ONNX default: 4
+
+    run = peers.run_genai(tmp_path / "int4", prompts, NEW_TOKENS, threads=1, name="ort-genai/int4/plain")
+    assert all(0 < len(ids) <= NEW_TOKENS for ids in run["ids"])
+
+
+def test_build_is_reused_when_the_command_is_the_same(tiny_hf, tmp_path):
+    hf_dir, _ = tiny_hf
+    first = peers.build_genai(hf_dir, tmp_path / "fp32", "fp32")
+    again = peers.build_genai(hf_dir, tmp_path / "fp32", "fp32")
+    assert again["reused"] is True and again["command"] == first["command"]
+    record = json.loads((tmp_path / "fp32" / peers.BUILD_RECORD).read_text())
+    assert record["build_s"] == first["build_s"]
+
+
+def test_failed_build_leaves_no_folder(tmp_path):
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(RuntimeError, match="builder exited"):
+        peers.build_genai(tmp_path / "empty", tmp_path / "out", "fp32")
+    assert not (tmp_path / "out").exists()
+    assert [p.name for p in tmp_path.iterdir()] == ["empty"]  # no stage or cache left behind
+
+
+def test_unknown_precision_fails_early(tmp_path):
+    with pytest.raises(ValueError, match="precision"):
+        peers.build_genai(tmp_path, tmp_path / "out", "int8")
+
+
+def test_token_match_counts_the_prefix_before_the_first_difference():
+    reference = {"name": "ref", "ids": [[1, 2, 3, 4], [5, 6]]}
+    runs = [
+        {"name": "same", "ids": [[1, 2, 3, 4], [5, 6]]},
+        {"name": "diverges", "ids": [[1, 2, 9, 4], [5, 6]]},  # 2 of 4, then 2 of 2
+        {"name": "short", "ids": [[1, 2, 3], [5, 6]]},  # stopped early: 3 of 4
+    ]
+    peers.add_token_match(runs, reference)
+    assert [r["token_match"] for r in runs] == [1.0, round(4 / 6, 6), round(5 / 6, 6)]
+    assert [r["identical"] for r in runs] == [True, False, False]
+    assert {r["token_match_vs"] for r in runs} == {"ref"}
+    assert not any("token_match_plain" in r for r in runs)  # no plain run of their family
+
+
+def test_speculative_runs_are_also_matched_against_their_own_plain_run():
+    runs = [
+        {"name": "specrt/int4/baseline", "ids": [[1, 2, 3]]},
+        {"name": "ort-genai/int4/plain", "ids": [[1, 2, 7]]},
+        {"name": "ort-genai/int4/ngram", "ids": [[1, 2, 7]]},  # lossless vs its plain run
+        {"name": "hf/fp32/plain", "ids": [[1, 2, 3]]},
+        {"name": "hf/fp32/prompt_lookup", "ids": [[1, 5, 3]]},  # diverges at 1 from its plain run
+    ]
+    peers.add_token_match(runs, runs[0])
+    assert [r.get("token_match_plain") for r in runs] == [None, None, 1.0, None, round(1 / 3, 6)]
+    assert [r["token_match"] for r in runs] == [1.0, round(2 / 3, 6), round(2 / 3, 6), 1.0, round(1 / 3, 6)]
+    assert peers.plain_of("specrt/int4/pld") == "specrt/int4/baseline"
+
+
+def test_metrics_give_each_of_our_runs_over_each_peer():
+    from pipeline.peers import metrics
+
+    def run(name, tps):
+        return {"name": name, "decode_tokens_per_s": tps, "prefill_s": 0.5, "token_match": 1.0}
+
+    report = {"threads": 2, "prompt_ids": [[1, 2], [3]], "max_new_tokens": 8,
+              "runs": [run("specrt/int4/baseline", 10.0), run("specrt/int4/pld", 15.0),
+                       run("ort-genai/int4/plain", 12.5), run("hf/fp32/plain", 0.0)]}
+    m = metrics(report)
+    assert m["prompts"] == 2 and set(m["runs"]) == {r["name"] for r in report["runs"]}
+    assert m["ratios"] == {"specrt/int4/baseline / ort-genai/int4/plain": 0.8,
+                           "specrt/int4/pld / ort-genai/int4/plain": 1.2}  # a peer at 0 tok/s gets no ratio
+
+
+def test_params_file_sets_the_options_and_refuses_unknown_ones(tmp_path, monkeypatch):
+    import pipeline.peers as peers
+
+    seen = {}
+    monkeypatch.setattr(peers, "run", lambda *a, **kw: seen.update(kw) or {"runs": []})
+    params = tmp_path / "params.yaml"
+    params.write_text("peers: {artifact: int4, precisions: [int4], prompts_per_task: 2, max_prompts: 3, "
+                      "max_new_tokens: 7, threads: 2, prompt_lookup: 0}\n")
+    argv = ["--hf", "h", "--prompts", "q", "--out", str(tmp_path / "r.json"), "--params", str(params)]
+    assert peers.main(argv) == 0
+    assert (seen["precisions"], seen["per_task"], seen["max_prompts"], seen["max_new_tokens"], seen["threads"],
+            seen["prompt_lookup"]) == (["int4"], 2, 3, 7, 2, 0)
+    params.write_text("peers: {max_new_token: 7}\n")
+    with pytest.raises(SystemExit):
+        peers.main(argv)
