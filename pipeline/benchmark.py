@@ -124,11 +124,11 @@ def report_tables(tallies: dict[str, dict[str, Tally]]) -> tuple[str, str, list[
             writer.writerow({"run": name, "task": task, **{k: s[k] for k in fields[2:]}})
             cells.append(f"{s['speedup']:.2f}x")
             if task != "all":
-                speedups.append({"run": name, "task": task, "speedup": s["speedup"]})
+                speedups.append({"run_task": f"{name} | {task}", "run": name, "task": task, "speedup": s["speedup"]})
         overall = by_task["all"].summary()
         match = "-" if overall["token_match"] is None else f"{overall['token_match']:.3f}"
         lines.append(f"| {name} | " + " | ".join(cells) + f" | {overall['mean_tokens_per_step']:.2f} | {match} |")
-        accepted += [{"run": name, "accepted_length": k, "steps": n}
+        accepted += [{"run_length": f"{name} | {k}", "run": name, "accepted_length": k, "steps": n}
                      for k, n in histogram(by_task["all"].accepted_lengths).items()]
     return buf.getvalue(), "\n".join(lines) + "\n", speedups, accepted
 
@@ -192,7 +192,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--hf", type=Path, help="HF checkpoint: its chat template renders multi-turn rows")
     parser.add_argument("--datastore", type=Path, help="retrieval datastore (else no retrieval methods)")
     parser.add_argument("--draft", type=Path, help="draft artifact; without it sd, hsd, hsd_capped are left out")
-    parser.add_argument("--roofline", type=Path, nargs="*", default=[], help="artifact folders for the roofline")
+    parser.add_argument("--roofline", type=Path, nargs="*", default=[],
+                        help="artifact folders whose plain decoding is set against the memory roofline")
     parser.add_argument("--prompts", type=Path, required=True, help="Spec-Bench question.jsonl")
     parser.add_argument("--params", type=Path, default=Path("params.yaml"))
     parser.add_argument("--metrics", type=Path, required=True, help="metrics JSON to write")

@@ -1,5 +1,6 @@
 """Print what ``dvc repro`` built: per model and variant, the size, the checks' and the regression
-verdicts; then the draft/target pair benchmark (``artifacts/pair``) when it ran.
+verdicts; then the benchmark's best method, our ratios over the peers, and the draft/target pair
+benchmark (``artifacts/pair``), for the stages that ran.
 
     python -m pipeline.summary artifacts
 
@@ -71,6 +72,22 @@ def pair_rows(root: Path) -> list[str]:
     return lines
 
 
+def benchmark_rows(root: Path) -> list[str]:
+    """The benchmark stage's best run per model, and our ratios over the peers."""
+    lines = []
+    for path in sorted(root.glob("*/benchmark.json")):
+        report = json.loads(path.read_text())
+        if report.get("best"):
+            best = report["runs"][report["best"]]
+            lines.append(f"{report['model']} [{report['variant']}] Spec-Bench ({report['prompts']} prompts): best "
+                         f"{report['best']} {best['speedup']:.2f}x over plain decoding, token match "
+                         f"{best['token_match']:.3f}")
+    for path in sorted(root.glob("*/peers.json")):
+        ratios = json.loads(path.read_text())["ratios"]
+        lines += [f"{path.parent.name}: {name} = {ratio:.2f}" for name, ratio in ratios.items()]
+    return lines
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("artifacts", type=Path, nargs="?", default=Path("artifacts"))
@@ -84,6 +101,10 @@ def main(argv: list[str] | None = None) -> int:
     print("  ".join(k.ljust(widths[k]) for k in keys))
     for r in table:
         print("  ".join(r[k].ljust(widths[k]) for k in keys))
+    bench = benchmark_rows(args.artifacts)
+    if bench:
+        print("\nbenchmark and peers (decode tok/s ratios, same run):")
+        print("\n".join(bench))
     pair = pair_rows(args.artifacts)
     if pair:
         print("\ndraft-model speculative decoding vs plain decoding of the target (pair_bench):")

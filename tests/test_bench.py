@@ -136,3 +136,17 @@ def test_summary_prints_one_line_per_pair_run(tmp_path):
         "d -> t [int4] sd/chain/t1: 7.50 tok/s, 1.25x, 2.50 tokens/step",
     ]
     assert pair_rows(tmp_path / "nothing") == []
+
+
+def test_summary_prints_the_best_benchmark_run_and_peer_ratios(tmp_path):
+    from pipeline.summary import benchmark_rows
+
+    (tmp_path / "m").mkdir()
+    run = {"speedup": 1.5, "token_match": 1.0}
+    (tmp_path / "m" / "benchmark.json").write_text(json.dumps(
+        {"model": "m", "variant": "int4", "prompts": 7, "best": "pld/tree/t0", "runs": {"pld/tree/t0": run}}))
+    (tmp_path / "m" / "peers.json").write_text(json.dumps({"ratios": {"specrt/int4/pld / hf/fp32/plain": 3.0}}))
+    assert benchmark_rows(tmp_path) == [
+        "m [int4] Spec-Bench (7 prompts): best pld/tree/t0 1.50x over plain decoding, token match 1.000",
+        "m: specrt/int4/pld / hf/fp32/plain = 3.00",
+    ]
