@@ -219,8 +219,8 @@ class DraftModelDrafter:
             self._allocate(min(self.decoder.dims.max_context, grown))
         past = self.decoder.past
         logits = None
-        for chunk in prefill(self.decoder, context[past:], self.prefill_chunk):
-            logits = chunk.logits[-1]  # keep only the last position's (a chunk's are [chunk, vocab])
+        for chunk in prefill(self.decoder, context[past:], self.prefill_chunk, last_logits_only=True):
+            logits = chunk.logits[-1] if len(chunk.logits) else None  # only the final chunk returns a row
         self.cached[past : len(context)] = context[past:]
         return logits
 
