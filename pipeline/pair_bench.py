@@ -5,7 +5,8 @@ decoding of the target, side by side (CPU).
         --prompts ../shared/data/specbench/question.jsonl --params params.yaml \\
         --out artifacts/pair/bench-int4.json --plot artifacts/pair/plots/bench-int4.json
 
-For every Spec-Bench prompt (first turns, ``pair_bench.prompts_per_task`` per task) and every
+For every Spec-Bench prompt (first turns, ``pair_bench.prompts_per_task`` per task of
+``pair_bench.tasks``, all six when null) and every
 temperature, the target decodes plainly (the cached autoregressive baseline: one token per target
 pass with its KV cache) and then each method of ``pair_bench.methods`` (sd, hsd, hsd_capped) right
 after it with the same seed. The report gives per run decode tokens/s, the baseline's, the
@@ -34,6 +35,7 @@ from specrt.manifest import read_manifest
 
 from .atomic import write_text_atomic
 from .bench import Run, markdown, measure, specbench_prompts, summarize
+from .specbench import TASKS
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +45,12 @@ PLOT_FIELDS = ("decode_tokens_per_s", "speedup", "mean_tokens_per_step", "accept
 def run(target: Path, draft: Path, questions: Path, params: dict[str, Any]) -> dict[str, Any]:
     model = specrt.load(target, threads=params.get("threads"), draft=draft)
     prompts = specbench_prompts(model, questions, params["prompts_per_task"], params["max_prompt_tokens"])
+    tasks = params.get("tasks")  # None: all six
+    if tasks is not None:
+        unknown = sorted(set(tasks) - set(TASKS))
+        if unknown:
+            raise ValueError(f"pair_bench.tasks: unknown {unknown}; Spec-Bench tasks are {', '.join(TASKS)}")
+        prompts = [p for p in prompts if p.task in tasks]
     runs = [Run(method, mode == "tree", float(t)) for t in params["temperatures"]
             for method in params["methods"] for mode in params["modes"]]
     t0 = time.perf_counter()

@@ -94,6 +94,23 @@ def test_pair_bench_stage_reports_every_method_at_every_temperature(pair, tmp_pa
     assert table.read_text().count("\n") == 2 + len(report["runs"])
 
 
+def test_pair_bench_runs_only_the_tasks_asked_for_and_names_an_unknown_one(pair, tmp_path):
+    import pipeline.pair_bench as stage
+
+    target, draft = pair
+    params = tmp_path / "params.yaml"
+    base = ["--target", str(target), "--draft", str(draft), "--prompts", str(_questions(tmp_path / "q.jsonl")),
+            "--params", str(params), "--out", str(tmp_path / "bench.json")]
+    params.write_text(PAIR_PARAMS.replace("[0, 1]", "[0]").replace("[chain, tree]", "[chain]")
+                      + "  tasks: [qa, rag]\n")
+    assert stage.main(base) == 0
+    report = json.loads((tmp_path / "bench.json").read_text())
+    assert report["prompts"] == 2 and set(report["per_task"]["sd/chain/t0"]) == {"qa", "rag"}
+    params.write_text(PAIR_PARAMS + "  tasks: [qa, coding]\n")
+    with pytest.raises(ValueError, match="pair_bench.tasks: unknown \\['coding'\\]"):
+        stage.main(base)
+
+
 @pytest.mark.parametrize("spec_safe, code", [(True, 1), (False, 0)])
 def test_pair_bench_fails_when_a_spec_safe_target_diverges(pair, tmp_path, monkeypatch, spec_safe, code):
     import pipeline.pair_bench as stage
