@@ -25,6 +25,7 @@ import specrt
 from specrt.backend import OrtDecoder
 from specrt.drafters.base import DrafterEnv, Feedback
 from specrt.drafters.draft_model import (
+    PROBE_EVERY,
     DraftModelDrafter,
     best_gamma,
     check_vocab_compatible,
@@ -230,7 +231,8 @@ def test_expected_tokens_is_the_truncated_geometric_sum():
 def test_best_gamma_trades_acceptance_against_cost():
     flat = lambda s: 1.0  # noqa: E731 - a verify pass costs the same at any size
     assert best_gamma(0.9, 1e-6, flat, 8) == 8  # free drafts, likely accepted: draft all the budget
-    assert best_gamma(0.05, 0.5, flat, 8) == 1  # drafts rarely accepted and dear: one
+    assert best_gamma(0.05, 0.5, flat, 8) == 0  # drafts rarely accepted and dear: a plain step
+    assert best_gamma(0.05, 0.5, flat, 8, minimum=1) == 1  # (a probe must draft: the cheapest draft)
     # alpha 0.6, draft step 0.1, verify 1: E / cost = 1.6 / 1.1, 1.96 / 1.2, 2.18 / 1.3, 2.31 / 1.4 = 1.45,
     # 1.63, 1.67, 1.65: peak at 3
     assert best_gamma(0.6, 0.1, flat, 8) == 3
@@ -243,7 +245,40 @@ def test_adaptive_gamma_uses_measured_costs(pair):
     pair.target.generate(PROMPTS[0], method=drafter, max_new_tokens=30)
     assert drafter.draft_step_s is not None and drafter.draft_step_s > 0
     expected = best_gamma(drafter.alpha, drafter.draft_step_s, pair.target.verify_cost.estimate, 8)
-    assert 1 <= drafter.choose_gamma(8) == expected
+    assert drafter.choose_gamma(8) == expected
+
+
+def test_adaptive_gamma_backs_off_to_plain_steps_and_probes(pair):
+    drafter = pair.drafter(gamma=2, adaptive=True)
+    drafter.draft_step_s, drafter.verify_cost = 10.0, lambda s: 1.0  # a draft step costs 10 verify passes
+    assert [drafter.choose_gamma(8) for _ in range(2 * PROBE_EVERY)] == ([0] * (PROBE_EVERY - 1) + [1]) * 2
+    drafter.draft_step_s = 1e-6  # drafting is free again: the next step drafts at once
+    assert drafter.choose_gamma(8) > 0 and drafter.plain_steps == 0
+
+
+@pytest.mark.parametrize("method", ["sd", "hsd_capped"])
+def test_backing_off_keeps_greedy_output_and_the_draft_cache_aligned(pair, baselines, method):
+    drafter = pair.drafter(method, gamma=2, adaptive=True)
+    real_step = drafter._step
+
+    def dear_step(token):  # every draft forward looks expensive: the request backs off, then probes
+        out = real_step(token)
+        drafter.draft_step_s = 10.0
+        return out
+
+    sizes = []
+    real_propose = drafter.propose
+
+    def propose(context, budget):
+        tree = real_propose(context, budget)
+        sizes.append(len(tree))
+        return tree
+
+    drafter._step, drafter.propose = dear_step, propose
+    for prompt in PROMPTS[:3]:
+        result = pair.target.generate(prompt, method=drafter, max_new_tokens=40)
+        assert result.token_ids == baselines[prompt]
+    assert sizes.count(0) >= PROBE_EVERY and any(sizes[sizes.index(0):])  # backed off, then probed
 
 
 # ---------------------------------------------------------------------------------------------

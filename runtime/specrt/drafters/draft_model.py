@@ -24,7 +24,7 @@ joint rule verifies one sequence, so ``hsd`` / ``hsd_capped`` propose plain chai
 
 Adaptive gamma (``adaptive=True``): per request, the chain length maximises the expected tokens per
 second of a step, ``E(gamma) / (gamma * draft_step + verify_cost(gamma + 1))`` over
-``1 .. min(max_gamma, budget)``, with ``E(gamma) = sum_{i <= gamma} alpha^i = (1 - alpha^(gamma + 1))
+``0 .. min(max_gamma, budget)``, with ``E(gamma) = sum_{i <= gamma} alpha^i = (1 - alpha^(gamma + 1))
 / (1 - alpha)`` the expected emitted tokens when each drafted token is accepted with probability
 alpha until the first rejection (Leviathan et al. 2023, eq. 1). alpha is estimated from this
 request's steps, ``(accepted + 1) / (accepted + rejections + 2)`` over counts decayed by
@@ -32,6 +32,10 @@ request's steps, ``(accepted + 1) / (accepted + rejections + 2)`` over counts de
 the measured time of one draft forward, verify_cost the engine's measured verify-pass time (tree
 siblings, a few extra positions, are not counted). Until both are measured, gamma is the given
 ``gamma``. Under HSD, whose acceptance is not token-wise, the same alpha is a heuristic.
+gamma = 0 is a plain step (one token for ``verify_cost(1)``, no draft): where drafting does not pay
+(a draft model too slow for its acceptance, as on 2 CPU cores with int4 weights) the request
+backs off to plain decoding, and every ``PROBE_EVERY`` plain steps drafts once at the best positive
+length to measure alpha again. The draft cache catches up on the skipped tokens at the next draft.
 """
 
 from __future__ import annotations
@@ -54,6 +58,7 @@ GAMMA = 4  # drafted tokens per step, before adaptive gamma has measurements
 BRANCH_BELOW = 0.5  # tree mode: add a sibling where the draft's top-1 probability is below this
 HEADROOM = 256  # draft-cache positions beyond the prompt allocated at begin (grown on demand)
 DECAY = 0.9  # weight of the older steps in the acceptance counts
+PROBE_EVERY = 8  # adaptive gamma: plain steps between two probing drafts when drafting does not pay
 DRAFT_STREAM = 1  # the drafter's random stream: seed [seed, 1] (the engine's is seed)
 
 
@@ -63,12 +68,15 @@ def expected_tokens(alpha: float, gamma: np.ndarray) -> np.ndarray:
     return np.array([np.sum(alpha ** np.arange(int(g) + 1)) for g in gamma])
 
 
-def best_gamma(alpha: float, draft_step_s: float, verify_cost: Callable[[int], float | None], limit: int) -> int | None:
-    """The gamma in ``1 .. limit`` maximising ``E(gamma) / (gamma * draft_step_s + verify_cost(gamma + 1))``;
-    None while a verify cost is not measured (``verify_cost`` answers None or 0)."""
-    gammas = np.arange(1, limit + 1)  # [limit]
+def best_gamma(
+    alpha: float, draft_step_s: float, verify_cost: Callable[[int], float | None], limit: int, minimum: int = 0
+) -> int | None:
+    """The gamma in ``minimum .. limit`` maximising ``E(gamma) / (gamma * draft_step_s + verify_cost(gamma + 1))``;
+    0 (a plain step: one token for ``verify_cost(1)``) when no draft length pays for itself. None
+    while a verify cost is not measured (``verify_cost`` answers None or 0)."""
+    gammas = np.arange(minimum, limit + 1)  # [limit + 1 - minimum]
     verify = np.array([verify_cost(int(g) + 1) or 0.0 for g in gammas])  # [limit] seconds
-    if limit < 1 or np.any(verify <= 0):
+    if np.any(verify <= 0):
         return None
     rate = expected_tokens(alpha, gammas) / (gammas * draft_step_s + verify)
     return int(gammas[np.argmax(rate)])
@@ -124,6 +132,7 @@ class DraftModelDrafter:
         self.accepted = 0.0  # decayed count of accepted drafted tokens
         self.rejections = 0.0  # decayed count of steps that stopped before the end of their chain
         self.draft_step_s: float | None = None  # running mean of one single-token draft forward
+        self.plain_steps = 0  # adaptive gamma: plain steps since drafting last paid or probed
         self.last_gamma = 0  # chain length chosen for the last new block
 
     @property
@@ -148,6 +157,8 @@ class DraftModelDrafter:
         if n < 1:
             if open_levels:  # cannot happen: an open block's levels fit the budget and context its block fitted
                 raise RuntimeError(f"an open HSD block needs a draft of its next level (budget {budget})")
+            self.block = 0  # a plain step: nothing drafted, nothing to learn acceptance from
+            self.context = np.asarray(context, np.int64)
             return DraftTree.empty()
         self.block = 0 if open_levels else n
         self.last_gamma = self.block or self.last_gamma
@@ -242,13 +253,24 @@ class DraftModelDrafter:
         return np.concatenate([logits, np.full(self.vocab - len(logits), -np.inf, logits.dtype)])
 
     def choose_gamma(self, budget: int) -> int:
-        """Chain length of a new block (see the module docstring: fixed, or adaptive)."""
+        """Chain length of a new block (see the module docstring: fixed, or adaptive; adaptive
+        answers 0, a plain step, while no draft pays for itself, and probes every ``PROBE_EVERY``
+        plain steps with the best positive length so that alpha keeps being measured)."""
         limit = budget if self.max_gamma is None else min(self.max_gamma, budget)
         fixed = min(self.gamma, limit)
-        if not self.adaptive or self.draft_step_s is None or self.verify_cost is None:
+        if not self.adaptive or self.draft_step_s is None or self.verify_cost is None or limit < 1:
             return fixed
         best = best_gamma(self.alpha, self.draft_step_s, self.verify_cost, limit)
-        return fixed if best is None else best
+        if best is None:
+            return fixed
+        if best > 0:
+            self.plain_steps = 0
+            return best
+        self.plain_steps += 1
+        if self.plain_steps < PROBE_EVERY:
+            return 0
+        self.plain_steps = 0  # probe: draft once more at the best positive length
+        return best_gamma(self.alpha, self.draft_step_s, self.verify_cost, limit, minimum=1) or 1
 
 
 def _make(env: DrafterEnv, acceptance: str) -> DraftModelDrafter:
