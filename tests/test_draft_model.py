@@ -251,9 +251,10 @@ def test_adaptive_gamma_uses_measured_costs(pair):
 def test_adaptive_gamma_backs_off_to_plain_steps_and_probes(pair):
     drafter = pair.drafter(gamma=2, adaptive=True)
     drafter.draft_step_s, drafter.verify_cost = 10.0, lambda s: 1.0  # a draft step costs 10 verify passes
-    assert [drafter.choose_gamma(8) for _ in range(2 * PROBE_EVERY)] == ([0] * (PROBE_EVERY - 1) + [1]) * 2
+    gammas = [drafter.choose_gamma(8) for _ in range(3 * PROBE_EVERY)]  # probes after 8, then 16 plain steps
+    assert gammas == [0] * (PROBE_EVERY - 1) + [1] + [0] * (2 * PROBE_EVERY - 1) + [1]
     drafter.draft_step_s = 1e-6  # drafting is free again: the next step drafts at once
-    assert drafter.choose_gamma(8) > 0 and drafter.plain_steps == 0
+    assert drafter.choose_gamma(8) > 0 and drafter.plain_steps == 0 and drafter.probe_every == PROBE_EVERY
 
 
 @pytest.mark.parametrize("method", ["sd", "hsd_capped"])

@@ -34,8 +34,9 @@ siblings, a few extra positions, are not counted). Until both are measured, gamm
 ``gamma``. Under HSD, whose acceptance is not token-wise, the same alpha is a heuristic.
 gamma = 0 is a plain step (one token for ``verify_cost(1)``, no draft): where drafting does not pay
 (a draft model too slow for its acceptance, as on 2 CPU cores with int4 weights) the request
-backs off to plain decoding, and every ``PROBE_EVERY`` plain steps drafts once at the best positive
-length to measure alpha again. The draft cache catches up on the skipped tokens at the next draft.
+backs off to plain decoding, and drafts once at the best positive length after ``PROBE_EVERY``
+plain steps to measure alpha again (after 16, 32, ... up to ``PROBE_EVERY_MAX`` while probes do
+not pay). The draft cache catches up on the skipped tokens at the next draft.
 """
 
 from __future__ import annotations
@@ -58,7 +59,8 @@ GAMMA = 4  # drafted tokens per step, before adaptive gamma has measurements
 BRANCH_BELOW = 0.5  # tree mode: add a sibling where the draft's top-1 probability is below this
 HEADROOM = 256  # draft-cache positions beyond the prompt allocated at begin (grown on demand)
 DECAY = 0.9  # weight of the older steps in the acceptance counts
-PROBE_EVERY = 8  # adaptive gamma: plain steps between two probing drafts when drafting does not pay
+PROBE_EVERY = 8  # adaptive gamma: plain steps before the first probing draft when drafting does not pay
+PROBE_EVERY_MAX = 128  # ... doubling after every probe that did not pay, up to this
 DRAFT_STREAM = 1  # the drafter's random stream: seed [seed, 1] (the engine's is seed)
 
 
@@ -133,6 +135,7 @@ class DraftModelDrafter:
         self.rejections = 0.0  # decayed count of steps that stopped before the end of their chain
         self.draft_step_s: float | None = None  # running mean of one single-token draft forward
         self.plain_steps = 0  # adaptive gamma: plain steps since drafting last paid or probed
+        self.probe_every = PROBE_EVERY  # plain steps between probes (doubles while probes do not pay)
         self.last_gamma = 0  # chain length chosen for the last new block
 
     @property
@@ -254,8 +257,9 @@ class DraftModelDrafter:
 
     def choose_gamma(self, budget: int) -> int:
         """Chain length of a new block (see the module docstring: fixed, or adaptive; adaptive
-        answers 0, a plain step, while no draft pays for itself, and probes every ``PROBE_EVERY``
-        plain steps with the best positive length so that alpha keeps being measured)."""
+        answers 0, a plain step, while no draft pays for itself, and probes with the best positive
+        length after ``PROBE_EVERY`` plain steps, then twice as many each time a probe did not pay, so
+        that alpha keeps being measured at a vanishing cost)."""
         limit = budget if self.max_gamma is None else min(self.max_gamma, budget)
         fixed = min(self.gamma, limit)
         if not self.adaptive or self.draft_step_s is None or self.verify_cost is None or limit < 1:
@@ -264,12 +268,13 @@ class DraftModelDrafter:
         if best is None:
             return fixed
         if best > 0:
-            self.plain_steps = 0
+            self.plain_steps, self.probe_every = 0, PROBE_EVERY
             return best
         self.plain_steps += 1
-        if self.plain_steps < PROBE_EVERY:
+        if self.plain_steps < self.probe_every:
             return 0
-        self.plain_steps = 0  # probe: draft once more at the best positive length
+        self.plain_steps = 0  # probe: draft once more at the best positive length; wait longer next time
+        self.probe_every = min(2 * self.probe_every, PROBE_EVERY_MAX)
         return best_gamma(self.alpha, self.draft_step_s, self.verify_cost, limit, minimum=1) or 1
 
 
