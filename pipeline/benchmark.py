@@ -48,7 +48,7 @@ from specrt.manifest import read_manifest
 from .atomic import write_text_atomic
 from .bench import Prompt, Run, Tally, measure
 from .lossless import RETRIEVAL
-from .roofline import read_bandwidth, roofline
+from .roofline import gathered_bytes, read_bandwidth, roofline
 from .specbench import TASKS, Question, first_per_task, read_questions
 
 log = logging.getLogger(__name__)
@@ -163,7 +163,8 @@ def run(args: argparse.Namespace, params: dict[str, Any]) -> tuple[dict[str, Any
     for folder in args.roofline:
         manifest = read_manifest(folder, check_hashes=False)
         tps, context = plain_speed(folder, prompts, params["max_new_tokens"], threads)
-        rooflines[manifest.variant] = vars(roofline(manifest, bandwidth, context, tps))
+        rooflines[manifest.variant] = vars(roofline(manifest, bandwidth, context, tps,
+                                                    gathered_bytes(folder / manifest.decoder)))
     overall = {name: by_task["all"].summary() for name, by_task in tallies.items()}
     greedy_match = [r["token_match"] for r in overall.values()]
     report = {

@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import json
 
+import numpy as np
 import pytest
 
 import specrt
@@ -89,3 +90,21 @@ def test_stage_writes_metrics_csv_table_and_plots(folder, tmp_path):
     for name in runs:  # one histogram per run over all its verify steps
         assert sum(a["steps"] for a in accepted if a["run"] == name) == report["runs"][name]["steps"] > 0
     assert all(a["accepted_length"] >= 0 for a in accepted)
+
+
+def test_gathered_bytes_counts_tables_that_only_a_gather_reads(tmp_path):
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    from pipeline.roofline import gathered_bytes
+
+    table = numpy_helper.from_array(np.zeros((10, 4), np.float32), "table")  # embedding only: 160 bytes
+    tied = numpy_helper.from_array(np.zeros((10, 4), np.float32), "tied")  # gathered and read by a MatMul
+    weight = numpy_helper.from_array(np.zeros((4, 4), np.float32), "weight")
+    nodes = [helper.make_node("Gather", ["table", "ids"], ["a"]), helper.make_node("Gather", ["tied", "ids"], ["b"]),
+             helper.make_node("MatMul", ["a", "weight"], ["c"]), helper.make_node("MatMul", ["c", "tied_t"], ["d"]),
+             helper.make_node("Transpose", ["tied"], ["tied_t"])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("ids", TensorProto.INT64, [2])],
+                              [helper.make_tensor_value_info("d", TensorProto.FLOAT, None)], [table, tied, weight])
+    onnx.save(helper.make_model(graph), tmp_path / "m.onnx")
+    assert gathered_bytes(tmp_path / "m.onnx") == 160
