@@ -47,11 +47,9 @@ from specrt.manifest import read_manifest
 
 from .atomic import write_text_atomic
 from .bench import Prompt, Run, Tally, measure
-from .lossless import RETRIEVAL
+from .lossless import RETRIEVAL, exit_code
 from .roofline import gathered_bytes, read_bandwidth, roofline
 from .specbench import TASKS, Question, first_per_task, read_questions
-
-log = logging.getLogger(__name__)
 
 Render = Callable[[list[dict[str, str]]], str]  # chat messages -> prompt text ending in the generation prompt
 
@@ -211,13 +209,7 @@ def main(argv: list[str] | None = None) -> int:
     write_text_atomic(args.plots / "accepted.json", json.dumps(accepted, indent=2) + "\n")
     write_text_atomic(args.metrics, json.dumps(report, indent=2) + "\n")
     print(table_md)
-    if not report["lossless"]:
-        if not report["spec_safe"]:
-            log.warning("%s is flagged spec_safe=false and diverged", report["variant"])
-            return 0
-        log.error("greedy speculative output differs from plain decoding: see %s", args.metrics)
-        return 1
-    return 0
+    return exit_code(report["lossless"], report["spec_safe"], report["variant"], args.metrics)
 
 
 if __name__ == "__main__":

@@ -35,9 +35,8 @@ from specrt.manifest import read_manifest
 
 from .atomic import write_text_atomic
 from .bench import Run, markdown, measure, specbench_prompts, summarize
+from .lossless import exit_code
 from .specbench import TASKS
-
-log = logging.getLogger(__name__)
 
 PLOT_FIELDS = ("decode_tokens_per_s", "speedup", "mean_tokens_per_step", "acceptance_rate")
 
@@ -97,13 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.table:
         write_text_atomic(args.table, table + "\n")
     print(table)
-    if not report["lossless_greedy"]:
-        if not report["spec_safe"]:
-            log.warning("%s target is flagged spec_safe=false and greedy runs diverged", report["variant"])
-            return 0
-        log.error("greedy speculative output differs from plain decoding: see %s", args.out)
-        return 1
-    return 0
+    return exit_code(report["lossless_greedy"], report["spec_safe"], report["variant"], args.out)
 
 
 if __name__ == "__main__":
