@@ -43,7 +43,6 @@ import yaml
 
 import specrt
 from specrt.drafters import NEEDS_DRAFT
-from specrt.manifest import read_manifest
 
 from .atomic import write_text_atomic
 from .bench import Prompt, Run, Tally, measure
@@ -131,9 +130,8 @@ def report_tables(tallies: dict[str, dict[str, Tally]]) -> tuple[str, str, list[
     return buf.getvalue(), "\n".join(lines) + "\n", speedups, accepted
 
 
-def plain_speed(folder: Path, prompts: list[Prompt], max_new_tokens: int, threads: int | None) -> tuple[float, float]:
-    """(plain decode tokens/s, mean context length) of the artifact at ``folder`` on ``prompts``."""
-    model = specrt.load(folder, threads=threads)
+def plain_speed(model: specrt.SpecModel, prompts: list[Prompt], max_new_tokens: int) -> tuple[float, float]:
+    """(plain decode tokens/s, mean context length) of ``model`` on ``prompts``."""
     tokens, seconds, context = 0, 0.0, 0.0
     for p in prompts:
         _, loop = model.generate_ids(p.ids, method="baseline", max_new_tokens=max_new_tokens)
@@ -159,8 +157,9 @@ def run(args: argparse.Namespace, params: dict[str, Any]) -> tuple[dict[str, Any
     bandwidth = read_bandwidth(threads)
     rooflines = {}
     for folder in args.roofline:
-        manifest = read_manifest(folder, check_hashes=False)
-        tps, context = plain_speed(folder, prompts, params["max_new_tokens"], threads)
+        variant = model if folder.resolve() == args.model.resolve() else specrt.load(folder, threads=threads)
+        tps, context = plain_speed(variant, prompts, params["max_new_tokens"])
+        manifest = variant.manifest
         rooflines[manifest.variant] = vars(roofline(manifest, bandwidth, context, tps,
                                                     gathered_bytes(folder / manifest.decoder)))
     overall = {name: by_task["all"].summary() for name, by_task in tallies.items()}

@@ -31,7 +31,6 @@ from typing import Any
 import yaml
 
 import specrt
-from specrt.manifest import read_manifest
 
 from .atomic import write_text_atomic
 from .bench import Run, markdown, measure, specbench_prompts, summarize
@@ -57,7 +56,8 @@ def run(target: Path, draft: Path, questions: Path, params: dict[str, Any]) -> d
                                 draft_budget=params["draft_budget"]))
     greedy = {name: by_task["all"]["token_match"] for name, by_task in results.items()
               if by_task["all"]["token_match"] is not None}
-    draft_manifest = read_manifest(draft, check_hashes=False)
+    draft_manifest = model.draft_manifest
+    assert draft_manifest is not None  # loaded with draft=
     return {
         "target": model.manifest.name,
         "draft": draft_manifest.name,

@@ -10,7 +10,7 @@ import pytest
 
 import specrt
 from pipeline.bench import Prompt, Run, markdown, matched_prefix, measure, summarize
-from tests.tiny import PROMPTS
+from tests.tiny import PROMPTS, specbench_questions
 from tests.tiny_pair import build_tiny_pair
 
 
@@ -51,13 +51,6 @@ def pair(tmp_path_factory):
     return build_tiny_pair(tmp_path_factory.mktemp("pair"))
 
 
-def _questions(path):
-    rows = [{"question_id": i, "category": task, "turns": [PROMPTS[i % len(PROMPTS)]]}
-            for i, task in enumerate(["writing", "translation", "summarization", "qa", "math_reasoning", "rag"])]
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return path
-
-
 PAIR_PARAMS = """pair_bench:
   prompts_per_task: 1
   max_prompt_tokens: 64
@@ -77,7 +70,7 @@ def test_pair_bench_stage_reports_every_method_at_every_temperature(pair, tmp_pa
     params = tmp_path / "params.yaml"
     params.write_text(PAIR_PARAMS)
     out, plot, table = tmp_path / "bench.json", tmp_path / "plots" / "bench.json", tmp_path / "bench.md"
-    argv = ["--target", str(target), "--draft", str(draft), "--prompts", str(_questions(tmp_path / "q.jsonl")),
+    argv = ["--target", str(target), "--draft", str(draft), "--prompts", str(specbench_questions(tmp_path / "q.jsonl")),
             "--params", str(params), "--out", str(out), "--plot", str(plot), "--table", str(table)]
     assert stage.main(argv) == 0
     report = json.loads(out.read_text())
@@ -99,7 +92,7 @@ def test_pair_bench_runs_only_the_tasks_asked_for_and_names_an_unknown_one(pair,
 
     target, draft = pair
     params = tmp_path / "params.yaml"
-    base = ["--target", str(target), "--draft", str(draft), "--prompts", str(_questions(tmp_path / "q.jsonl")),
+    base = ["--target", str(target), "--draft", str(draft), "--prompts", str(specbench_questions(tmp_path / "q.jsonl")),
             "--params", str(params), "--out", str(tmp_path / "bench.json")]
     params.write_text(PAIR_PARAMS.replace("[0, 1]", "[0]").replace("[chain, tree]", "[chain]")
                       + "  tasks: [qa, rag]\n")
@@ -134,7 +127,7 @@ def test_pair_bench_fails_when_a_spec_safe_target_diverges(pair, tmp_path, monke
     params.write_text(PAIR_PARAMS.replace("[0, 1]", "[0]").replace("[sd, hsd, hsd_capped]", "[sd]")
                       .replace("[chain, tree]", "[chain]"))
     out = tmp_path / "bench.json"
-    argv = ["--target", str(target), "--draft", str(draft), "--prompts", str(_questions(tmp_path / "q.jsonl")),
+    argv = ["--target", str(target), "--draft", str(draft), "--prompts", str(specbench_questions(tmp_path / "q.jsonl")),
             "--params", str(params), "--out", str(out)]
     assert stage.main(argv) == code
     assert json.loads(out.read_text())["lossless_greedy"] is False

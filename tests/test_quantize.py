@@ -13,7 +13,7 @@ from pipeline.quantize import quantize_artifact
 from pipeline.quantize_graph import QuantConfig, fold_tied_lm_head, lm_head_node
 from pipeline.spec_gate import reference_run, run_gate
 from specrt.backend import OrtDecoder
-from tests.tiny import PROMPTS
+from tests.tiny import PROMPTS, specbench_questions
 
 GATE = {"new_tokens": 16, "widths": [4], "prefill_chunk": 16}
 INT4 = QuantConfig(method="matmul_nbits", bits=4, block_size=32, accuracy_level=0, lm_head_bits=4, embedding_bits=4)
@@ -112,15 +112,6 @@ def test_bad_quantize_settings_name_the_field(field, value, message):
         QuantConfig(**{"method": "matmul_nbits", field: value})
 
 
-def _questions(path):
-    import json
-
-    rows = [{"question_id": i, "category": task, "turns": [PROMPTS[i % len(PROMPTS)]]}
-            for i, task in enumerate(["writing", "translation", "summarization", "qa", "math_reasoning", "rag"])]
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return path
-
-
 @pytest.mark.parametrize("spec_safe, diverged, code", [(True, False, 0), (True, True, 1), (False, True, 0)])
 def test_regression_stage_fails_only_a_spec_safe_variant_that_diverges(
     int4, tmp_path, monkeypatch, spec_safe, diverged, code
@@ -144,7 +135,8 @@ def test_regression_stage_fails_only_a_spec_safe_variant_that_diverges(
     params = tmp_path / "params.yaml"
     params.write_text("lossless: {prompts_per_task: 1, max_prompt_tokens: 64, max_new_tokens: 8, draft_budget: 4}\n")
     out, plot = tmp_path / "lossless-int4.json", tmp_path / "plots" / "acceptance-int4.json"
-    argv = ["--model", str(int4[0]), "--prompts", str(_questions(tmp_path / "q.jsonl")), "--params", str(params),
+    questions = specbench_questions(tmp_path / "q.jsonl")
+    argv = ["--model", str(int4[0]), "--prompts", str(questions), "--params", str(params),
             "--out", str(out), "--plot", str(plot)]
     assert stage.main(argv) == code
     report = json.loads(out.read_text())

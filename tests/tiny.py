@@ -6,6 +6,7 @@ Gemma 3 gets a sliding window of 8 so that every test prompt is longer than the 
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -107,3 +108,11 @@ def build_tiny_artifact(arch: str, out: Path) -> tuple[Path, torch.nn.Module]:
         check_ids=check_ids, tolerance=1e-3, prefill_chunk=16,
     )
     return out, model
+
+
+def specbench_questions(path: Path) -> Path:
+    """A Spec-Bench question.jsonl at ``path``: one row per task (MT-bench as "writing"), turns from PROMPTS."""
+    tasks = ["writing", "translation", "summarization", "qa", "math_reasoning", "rag"]
+    rows = [{"question_id": i, "category": task, "turns": [PROMPTS[i % len(PROMPTS)]]} for i, task in enumerate(tasks)]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
