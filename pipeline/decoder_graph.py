@@ -20,6 +20,7 @@ from torch import nn
 from transformers import PreTrainedModel
 from transformers.cache_utils import DynamicCache
 
+from pipeline.grouped_attention import grouped_attention_of
 from specrt import contract
 from specrt.manifest import ModelDims
 
@@ -122,9 +123,9 @@ def export_onnx(model: PreTrainedModel, dims: ModelDims, path: Path, opset: int)
     s, past = torch.export.Dim("s", min=1, max=dims.max_context), torch.export.Dim("past", min=0, max=dims.max_context)
     # the varargs `*past` form one tuple in the signature, hence the nested tuple
     dynamic = ({1: s}, {1: s}, {2: s, 3: torch.export.Dim.AUTO}, tuple({1: past} for _ in range(2 * dims.num_layers)))
-    wrapper = DecoderForExport(model).eval()
     path.parent.mkdir(parents=True, exist_ok=True)
-    with torch.no_grad():
+    with torch.no_grad(), grouped_attention_of(model):
+        wrapper = DecoderForExport(model).eval()
         program = torch.onnx.export(
             wrapper,
             example_inputs(dims),

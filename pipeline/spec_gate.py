@@ -35,6 +35,7 @@ class Reference:
     tokens: np.ndarray  # [n] int64 greedy single-step continuation (tokens[0] comes from the prefill)
     runner_up: np.ndarray  # [n] int64 second-best token at each step
     margins: np.ndarray  # [n] float32 top-1 minus top-2 logit at each step
+    logits: np.ndarray  # [n, vocab] float32 the logits each step chose from
 
 
 @dataclass(frozen=True)
@@ -45,6 +46,7 @@ class ModeReport:
     disagreements: int
     disagreement_margins: tuple[float, ...]  # reference top-2 margins where the window disagreed
     min_margin: float  # smallest reference top-2 margin among the compared positions
+    max_logit_diff: float  # largest |window logit - single-step logit| over the compared positions
 
 
 def _top2(logits: np.ndarray) -> tuple[int, int, float]:  # logits: [vocab]
@@ -58,8 +60,9 @@ def reference_run(decoder: OrtDecoder, prompt: np.ndarray, n: int, chunk: int) -
     """Plain greedy decoding, one position per pass, keeping each step's runner-up and margin."""
     decoder.reset(len(prompt) + n + 1)
     logits = [out.logits[-1] for out in prefill(decoder, prompt, chunk)][-1]
-    tokens, runner_up, margins = [], [], []
+    tokens, runner_up, margins, rows = [], [], [], []
     for _ in range(n):
+        rows.append(logits)
         first, second, margin = _top2(logits)
         tokens.append(first)
         runner_up.append(second)
@@ -71,7 +74,7 @@ def reference_run(decoder: OrtDecoder, prompt: np.ndarray, n: int, chunk: int) -
         decoder.commit(np.array([0]))
         logits = out.logits[0]
     return Reference(prompt, np.array(tokens, np.int64), np.array(runner_up, np.int64),
-                     np.array(margins, np.float32))
+                     np.array(margins, np.float32), np.stack(rows).astype(np.float32))
 
 
 def _window_tree(ref: Reference, start: int, depth: int, siblings: bool) -> tuple[DraftTree, np.ndarray]:
@@ -97,7 +100,7 @@ def window_run(decoder: OrtDecoder, ref: Reference, width: int, tree: bool, chun
     decoder.reset(len(ref.prompt) + 2 * n + 2 * width)
     for _ in prefill(decoder, ref.prompt, chunk):
         pass
-    compared, wrong_margins = [], []
+    compared, wrong_margins, max_diff = [], [], 0.0
     start = 0  # the root is ref.tokens[start]; its logits predict ref.tokens[start + 1]
     while start < n - 1:
         depth = min(width - 1, n - 1 - start - 1)  # path nodes; the last one predicts nothing we know
@@ -107,6 +110,7 @@ def window_run(decoder: OrtDecoder, ref: Reference, width: int, tree: bool, chun
         slots = np.concatenate([[0], path + 1])  # root and path: each predicts the next reference token
         predicted = out.logits[slots].argmax(-1)
         want = ref.tokens[start + 1 : start + 1 + len(slots)]
+        max_diff = max(max_diff, float(np.abs(out.logits[slots] - ref.logits[start + 1 : start + 1 + len(slots)]).max()))
         for k, (got, expected) in enumerate(zip(predicted, want, strict=True)):
             compared.append(start + 1 + k)
             if got != expected:
@@ -115,7 +119,7 @@ def window_run(decoder: OrtDecoder, ref: Reference, width: int, tree: bool, chun
         start += len(slots)
     margins = ref.margins[compared] if compared else np.zeros(1, np.float32)
     return ModeReport("tree" if tree else "chain", width, len(compared), len(wrong_margins),
-                      tuple(round(m, 5) for m in wrong_margins), round(float(margins.min()), 5))
+                      tuple(round(m, 5) for m in wrong_margins), round(float(margins.min()), 5), max_diff)
 
 
 def run_gate(
@@ -133,6 +137,7 @@ def run_gate(
                 disagreements=sum(p.disagreements for p in parts),
                 disagreement_margins=tuple(m for p in parts for m in p.disagreement_margins),
                 min_margin=min(p.min_margin for p in parts),
+                max_logit_diff=max(p.max_logit_diff for p in parts),
             ))
     disagreements = sum(m.disagreements for m in modes)
     return {
@@ -142,6 +147,8 @@ def run_gate(
         "positions": sum(m.positions for m in modes),
         "disagreements": disagreements,
         "agreement": round(1 - disagreements / max(sum(m.positions for m in modes), 1), 6),
+        # 0.0: every window gave every compared position the single step's logits bit for bit
+        "max_logit_diff": max(m.max_logit_diff for m in modes),
         "modes": [asdict(m) for m in modes],
     }
 

@@ -103,3 +103,35 @@ def test_gemma_sliding_window_matters_on_long_prompts(tmp_path):
     report = json.loads((tmp_path / "fp32" / "parity_failed.json").read_text())
     assert report["chain"]["max_abs_diff"] > TOLERANCE
     assert 40 > GEMMA_WINDOW  # the parity prompt (40 tokens) is longer than the window
+
+
+def _grouped_case(heads: int, kv: int, s: int = 5, past: int = 7, d: int = 8):
+    torch.manual_seed(0)
+    query = torch.randn(1, heads, s, d)
+    key, value = torch.randn(1, kv, past + s, d), torch.randn(1, kv, past + s, d)
+    tree = DraftTree(np.array([11, 12, 13, 14], np.int64), np.array([-1, -1, 0, 0], np.int64))  # root + 4 nodes
+    bias = torch.from_numpy(flatten(10, tree, past).attention_bias).reshape(1, 1, s, past + s)
+    return query, key, value, bias
+
+
+def test_grouped_attention_equals_eager_attention_on_a_tree_mask():
+    from transformers.models.qwen2.modeling_qwen2 import eager_attention_forward
+
+    from pipeline.grouped_attention import grouped_attention
+
+    query, key, value, bias = _grouped_case(heads=6, kv=2)
+    module = torch.nn.Module()
+    module.num_key_value_groups, module.training = 3, False
+    want, _ = eager_attention_forward(module, query, key, value, bias, scaling=0.35)
+    got, _ = grouped_attention(module, query, key, value, bias, scaling=0.35)
+    assert got.shape == want.shape == (1, 5, 6, 8)
+    torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("heads, kv, message", [(4, 4, "needs >= 2 query heads"), (6, 4, "do not group")])
+def test_grouped_attention_refuses_layouts_it_cannot_keep_batch_invariant(heads, kv, message):
+    from pipeline.grouped_attention import grouped_attention
+
+    query, key, value, bias = _grouped_case(heads, kv)
+    with pytest.raises(ValueError, match=message):
+        grouped_attention(torch.nn.Module(), query, key, value, bias, scaling=1.0)

@@ -168,3 +168,17 @@ def test_load_model_reads_weights_that_have_several_hard_links(tiny_artifact, tm
         onnx.load(tmp_path / "decoder.onnx")
     loaded = {t.name: numpy_helper.to_array(t) for t in load_model(tmp_path / "decoder.onnx").graph.initializer}
     assert loaded.keys() == expected.keys() and all(np.array_equal(loaded[k], expected[k]) for k in expected)
+
+
+def test_level4_int4_windows_give_single_step_logits_bit_for_bit(tiny_artifact, tmp_path):
+    # grouped attention keeps every op row-wise with M >= 2 and MatMulNBits level 4 quantizes per
+    # row, so a position's logits do not depend on the window, chain or tree (pipeline/grouped_attention.py)
+    src = tiny_artifact[0]
+    prompts = [specrt.load(src).encode(p) for p in PROMPTS[:3]]
+    level4 = QuantConfig(**{**INT4.__dict__, "accuracy_level": 4})
+    report = quantize_artifact(src, tmp_path / "int4", "int4", level4, prompts, {**GATE, "widths": [4, 8]},
+                               bench_steps=2)
+    gate = specrt.load(tmp_path / "int4").manifest.checks["gate"]
+    assert report["spec_safe"] and gate["positions"] > 0
+    assert gate["max_logit_diff"] == 0.0, gate["modes"]
+    assert {m["mode"] for m in gate["modes"]} == {"chain", "tree"}

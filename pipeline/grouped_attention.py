@@ -1,0 +1,79 @@
+"""Attention written so that a query's result never depends on how many queries share the pass.
+
+Greedy speculation is lossless when the target gives a position the same logits in a verify
+window as in a single decoding step. HF's eager/SDPA attention computes ``P @ V`` with one
+query row per head when a step decodes one token (M = 1), and onnxruntime's CPU MatMul takes a
+matrix-vector path for M = 1 that rounds differently from its matrix-matrix path. Alone that is
+a last-bit difference, but MatMulNBits at accuracy level 4 quantizes every activation row to
+int8, so a last-bit difference can move a value across a rounding step and flip argmaxes.
+
+Here the queries of a key/value head are stacked as rows (grouped-query attention without
+repeating K and V):
+
+    query  [1, heads, s, d]  ->  q  [1, kv, g*s, d]         g = heads / kv (>= 2 for every
+    scores = q @ k^T         [1, kv, g*s, past+s]            supported model, so M >= 2)
+    p      = softmax(scores * scaling + bias)                 per row
+    out    = p @ v           [1, kv, g*s, d]  ->  [1, s, heads, d]
+
+Both products have M = g*s >= 2 in every pass, K fixed by the head size or the key length (a
+window's extra keys are masked, so they add exact zeros), and every other op is row-wise; the
+MatMulNBits kernels at level 4 quantize per row. So the whole graph gives a row the same bits
+whatever the window (tests/test_export.py checks it on the int4 level-4 graph). The stacking also
+drops the ``repeat_kv`` copies (Expand) of K and V that the eager form makes per layer and step.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import torch
+from transformers import AttentionInterface, PreTrainedModel
+
+NAME = "specrt_grouped"
+
+
+def grouped_attention(
+    module: torch.nn.Module,
+    query: torch.Tensor,  # [1, heads, s, d]
+    key: torch.Tensor,  # [1, kv, t, d]  (t = past + s)
+    value: torch.Tensor,  # [1, kv, t, d]
+    attention_mask: torch.Tensor | None,  # [1, 1, s, >= t] additive
+    scaling: float,
+    dropout: float = 0.0,
+    softcap: float | None = None,
+    **kwargs,
+) -> tuple[torch.Tensor, None]:
+    if softcap is not None:
+        raise ValueError(f"{type(module).__name__}: attention logit softcapping is not supported by {NAME}")
+    batch, heads, s, d = query.shape
+    kv, t = key.shape[1], key.shape[2]
+    if heads % kv:
+        raise ValueError(f"{type(module).__name__}: {heads} query heads do not group over {kv} key/value heads")
+    g = heads // kv
+    if g < 2:
+        raise ValueError(f"{type(module).__name__}: {NAME} needs >= 2 query heads per key/value head "
+                         f"(one would make a single-token step a matrix-vector product); got {heads}/{kv}")
+    q = query.reshape(batch, kv, g * s, d)  # head h = kv_index * g + j, as repeat_kv pairs them
+    scores = torch.matmul(q, key.transpose(2, 3)) * scaling  # [1, kv, g*s, t]
+    if attention_mask is not None:
+        bias = attention_mask[:, :, :, :t]  # [1, 1, s, t]
+        scores = (scores.reshape(batch, kv, g, s, t) + bias[:, :, None]).reshape(batch, kv, g * s, t)
+    # softmax with its normaliser summed by the same product as the values: a vectorised row sum
+    # would group terms by key slot, and a tree puts a path's keys in other slots than a chain
+    e = torch.exp(scores - scores.amax(dim=-1, keepdim=True))  # [1, kv, g*s, t]; masked keys -> 0
+    ev = torch.matmul(e, torch.cat([value, torch.ones_like(value[..., :1])], dim=-1))  # [1, kv, g*s, d+1]
+    out = ev[..., :d] / ev[..., d:]  # [1, kv, g*s, d]
+    return out.reshape(batch, heads, s, d).transpose(1, 2).contiguous(), None  # [1, s, heads, d]
+
+
+@contextlib.contextmanager
+def grouped_attention_of(model: PreTrainedModel) -> Iterator[PreTrainedModel]:
+    """``model`` running :func:`grouped_attention` inside the block, its own attention after."""
+    AttentionInterface.register(NAME, grouped_attention)
+    before = model.config._attn_implementation
+    model.set_attn_implementation(NAME)
+    try:
+        yield model
+    finally:
+        model.set_attn_implementation(before)
