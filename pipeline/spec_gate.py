@@ -110,7 +110,8 @@ def window_run(decoder: OrtDecoder, ref: Reference, width: int, tree: bool, chun
         slots = np.concatenate([[0], path + 1])  # root and path: each predicts the next reference token
         predicted = out.logits[slots].argmax(-1)
         want = ref.tokens[start + 1 : start + 1 + len(slots)]
-        max_diff = max(max_diff, float(np.abs(out.logits[slots] - ref.logits[start + 1 : start + 1 + len(slots)]).max()))
+        single = ref.logits[start + 1 : start + 1 + len(slots)]  # the single steps' logits, same positions
+        max_diff = max(max_diff, float(np.abs(out.logits[slots] - single).max()))
         for k, (got, expected) in enumerate(zip(predicted, want, strict=True)):
             compared.append(start + 1 + k)
             if got != expected:
