@@ -34,6 +34,8 @@ def _parser() -> argparse.ArgumentParser:
     gen.add_argument("--top-p", type=float, default=1.0)
     gen.add_argument("--seed", type=int, default=None)
     gen.add_argument("--draft-budget", type=int, default=8, help="draft-tree nodes per verify step")
+    gen.add_argument("--no-backoff", dest="backoff", action="store_false", default=None,
+                     help="verify every draft, even while drafts do not pay for their window (default: back off)")
     gen.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
     gen.add_argument(
         "--datastore",
@@ -72,6 +74,7 @@ def _generate(args: argparse.Namespace) -> None:
     options = dict(
         max_new_tokens=args.max_new_tokens, method=args.method, tree=args.tree, temperature=args.temperature,
         top_k=args.top_k, top_p=args.top_p, seed=args.seed, draft_budget=args.draft_budget,
+        backoff=args.backoff,
     )
     if args.stream and not args.json:
         loop, chunks = model.stream_ids(model.encode(prompt, chat=args.chat), **options)

@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from .backend import ForwardOutput, OrtDecoder
+from .backoff import Backoff
 from .cost import VerifyCostModel
 from .drafters import Drafter, Feedback
 from .errors import DrafterError, InvalidRequestError, check_int
@@ -41,6 +42,7 @@ class LoopConfig:
     draft_budget: int = 8  # draft-tree nodes per step (a chain of this length in chain mode)
     prefill_chunk: int = 256  # prompt positions per prefill pass (bounds the [chunk, vocab] logits)
     seed: int | None = None
+    backoff: bool = False  # hold back drafts that would not pay for their verify window (specrt.backoff)
 
     def __post_init__(self) -> None:
         check_int("max_new_tokens", self.max_new_tokens, minimum=0)
@@ -48,6 +50,8 @@ class LoopConfig:
         check_int("prefill_chunk", self.prefill_chunk, minimum=1)
         if self.seed is not None:
             check_int("seed", self.seed)
+        if not isinstance(self.backoff, bool):
+            raise InvalidRequestError(f"backoff must be a bool, got {type(self.backoff).__name__}")
         if not isinstance(self.sampling, SamplingParams):
             raise InvalidRequestError(f"sampling must be a SamplingParams, got {type(self.sampling).__name__}")
 
@@ -64,6 +68,7 @@ class LoopStats:
     decode_s: float = 0.0  # whole decode phase: draft + verify + accept/bookkeeping
     steps: int = 0
     drafted: int = 0  # draft-tree nodes sent to verification
+    held_back: int = 0  # proposed drafts the back-off did not verify (a plain step ran instead)
     accepted: int = 0  # drafted tokens the target accepted
     accepted_lengths: list[int] = field(default_factory=list)  # per step
 
@@ -92,6 +97,7 @@ class LoopStats:
             "steps": self.steps,
             "drafted": self.drafted,
             "accepted": self.accepted,
+            "held_back": self.held_back,
             "acceptance_rate": round(self.accepted / self.drafted, 4) if self.drafted else 0.0,
             "mean_accepted_tokens_per_step": round(self.tokens_per_step, 4),
             "decode_tokens_per_s": round(self.decode_tokens_per_s, 3),
@@ -169,7 +175,10 @@ class SpeculativeLoop:
         self.drafter_label = f"drafter {method!r} ({kind})" if method else f"drafter {kind}"
         self.eos = np.array(eos_token_ids, np.int64)
         self.config = config
+        if config.backoff and cost is None:
+            cost = VerifyCostModel()  # the back-off needs measured costs: this request's own
         self.cost = cost
+        self.backoff = Backoff(cost) if config.backoff else None
         self.rng = np.random.default_rng(config.seed)
         self.stats = LoopStats()
         self.finish_reason: str | None = None  # "eos", "length" (max_new_tokens) or "context" (context full)
@@ -259,6 +268,9 @@ class SpeculativeLoop:
             if budget > 0:
                 proposed = self._call_drafter("propose", self.drafter.propose, context, budget)
                 tree = check_tree(proposed, budget, vocab, self.drafter_label)
+                if self.backoff is not None and len(tree) and not self.backoff.admit(tree, len(context)):
+                    tree = DraftTree.empty()  # a plain step: the held draft is scored on what it emits
+                    stats.held_back += 1
             stats.draft_s += time.perf_counter() - t
 
             window = flatten(int(context[-1]), tree, self.decoder.past)
@@ -269,6 +281,8 @@ class SpeculativeLoop:
             if self.cost is not None:
                 self.cost.record(len(window.input_ids), elapsed)
             walk = self._walk(tree, out.logits)
+            if self.backoff is not None and len(tree):
+                self.backoff.verified(len(walk.path))
             self.decoder.commit(np.concatenate([[0], walk.path + 1]))
 
             emitted, self.finish_reason = self._stop(walk.emitted, stats.new_tokens)
@@ -278,6 +292,8 @@ class SpeculativeLoop:
             stats.accepted_lengths.append(len(walk.path))
             stats.new_tokens += len(emitted)
             context = np.concatenate([context, emitted])
+            if self.backoff is not None:
+                self.backoff.observe_context(context)
             feedback = Feedback(tree, walk.path, out.logits, out.hidden_states)
             self._call_drafter("observe", self.drafter.observe, emitted, feedback)
             stats.decode_s += time.perf_counter() - t_step

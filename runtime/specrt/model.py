@@ -40,7 +40,7 @@ from .backend import DecoderSession, OrtDecoder
 from .cost import VerifyCostModel
 from .datastore import STATE_KEY as DATASTORE_STATE_KEY
 from .datastore import datastore_for
-from .drafters import METHODS, Drafter, DrafterEnv, make_drafter
+from .drafters import METHODS, NEEDS_DRAFT, Drafter, DrafterEnv, make_drafter
 from .drafters.baseline import NoDraft
 from .drafters.draft_model import check_vocab_compatible
 from .engine import LoopConfig, SpeculativeLoop
@@ -199,12 +199,14 @@ class SpecModel:
         seed: int | None = None,
         draft_budget: int = 8,
         prefill_chunk: int = 256,
+        backoff: bool | None = None,
     ) -> tuple[SpeculativeLoop, Iterator[np.ndarray]]:
         """The loop for one request on token ids, and the iterator of its emitted token chunks.
 
         ``method`` is a registered name (``specrt.METHODS``) or a ready Drafter instance. Every
         option is checked here, before any work; the request holds a KV cache until its iterator is
-        exhausted, closed or garbage-collected."""
+        exhausted, closed or garbage-collected. ``backoff`` (``specrt.backoff``): verify a draft
+        only while drafts pay for their window, else run plain steps; None: see :meth:`_default_backoff`."""
         ids = self._check_ids(prompt_ids)
         if isinstance(tree, np.bool_) or not isinstance(tree, bool):
             raise InvalidRequestError(f"tree must be a bool, got {type(tree).__name__} {tree!r}")
@@ -225,6 +227,7 @@ class SpecModel:
             draft_budget=draft_budget,
             prefill_chunk=prefill_chunk,
             seed=seed,
+            backoff=self._default_backoff(method, seed) if backoff is None else backoff,
         )
         if not self.manifest.spec_safe and method != "baseline" and not isinstance(method, NoDraft):
             self._warn_unsafe()
@@ -247,6 +250,15 @@ class SpecModel:
         chunks = _run(loop, ids, lease)
         weakref.finalize(chunks, lease.release)  # a stream dropped before its first chunk
         return loop, chunks
+
+    @staticmethod
+    def _default_backoff(method: str | Drafter, seed: int | None) -> bool:
+        """On for the registered model-free methods; off for the draft-model methods (their adaptive
+        gamma backs off by itself, and their drafts cost a model), for Drafter instances (whose cost
+        is unknown) and for seeded requests: the back-off decides from measured times, so under
+        sampling it would change which random numbers a seeded request draws, and the request would
+        not repeat. (Greedy output never depends on it.)"""
+        return isinstance(method, str) and method not in NEEDS_DRAFT and seed is None
 
     def _check_ids(self, prompt_ids: np.ndarray | list[int]) -> np.ndarray:
         """``prompt_ids`` as [t] int64, or InvalidRequestError: not integers, or outside the vocabulary."""
