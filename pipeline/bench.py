@@ -47,10 +47,12 @@ class Run:
     method: str
     tree: bool
     temperature: float
+    backoff: bool | None = None  # None: the runtime's default (specrt.backoff)
 
     @property
     def name(self) -> str:
-        return f"{self.method}/{'tree' if self.tree else 'chain'}/t{self.temperature:g}"
+        suffix = {None: "", True: "/backoff", False: "/no-backoff"}[self.backoff]
+        return f"{self.method}/{'tree' if self.tree else 'chain'}/t{self.temperature:g}{suffix}"
 
 
 @dataclass
@@ -145,7 +147,8 @@ def measure(
                 if run.temperature != temperature or run.method == "baseline":
                     continue
                 model.forget_history()  # cold start per run: no method profits from another's history
-                ids, loop = model.generate_ids(prompt.ids, method=run.method, tree=run.tree, **options)
+                ids, loop = model.generate_ids(prompt.ids, method=run.method, tree=run.tree, backoff=run.backoff,
+                                               **options)
                 match = matched_prefix(ids, base) if temperature == 0 else None
                 if match is not None and match[0] != match[1]:
                     log.warning("%s differs from baseline on prompt %d at token %d", run.name, seed, match[0])

@@ -150,6 +150,10 @@ def run(args: argparse.Namespace, params: dict[str, Any]) -> tuple[dict[str, Any
                                              max_new_tokens=params["max_new_tokens"])]
     methods = methods_to_run(params["methods"], datastore=args.datastore is not None, draft=args.draft is not None)
     runs = [Run(m, mode == "tree", 0.0) for m in methods for mode in params["modes"]]
+    # the same methods with the back-off off: what it saves where drafts do not pay (translation)
+    unguarded = methods_to_run(params.get("without_backoff", []), datastore=args.datastore is not None,
+                               draft=args.draft is not None)
+    runs += [Run(m, mode == "tree", 0.0, backoff=False) for m in unguarded for mode in params["modes"]]
     t0 = time.perf_counter()
     tallies = measure(model, prompts, runs, max_new_tokens=params["max_new_tokens"],
                       draft_budget=params["draft_budget"])

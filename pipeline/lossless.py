@@ -66,8 +66,10 @@ def compare_methods(
             seconds = 0.0
             divergences = []
             for i, (prompt, ref) in enumerate(zip(prompts, reference, strict=True)):
+                # backoff=False: verify every draft the method proposes (a held draft checks nothing)
                 ids, loop = model.generate_ids(
-                    prompt, method=method, tree=tree, max_new_tokens=max_new_tokens, draft_budget=draft_budget
+                    prompt, method=method, tree=tree, max_new_tokens=max_new_tokens, draft_budget=draft_budget,
+                    backoff=False,
                 )
                 at = first_divergence(ids, ref)
                 matched += len(ref) if at is None else at

@@ -70,10 +70,10 @@ log = logging.getLogger(__name__)
 BUILD_RECORD = "peers_build.json"  # written into every genai build folder: the command, time, size
 
 # onnxruntime-genai builder options giving our int4 recipe (params.yaml quantize.variants.int4):
-# MatMulNBits 4-bit, block 32, symmetric, accuracy_level 0 (fp32 activations; the builder's CPU
-# default is 4), lm_head (a MatMul) and the embedding (Gather -> GatherBlockQuantized) 4-bit.
+# MatMulNBits 4-bit, block 32, symmetric, accuracy_level 4 (int8 activations, also the builder's
+# CPU default), lm_head (a MatMul) and the embedding (Gather -> GatherBlockQuantized) 4-bit.
 GENAI_INT4_OPTIONS = {
-    "accuracy_level": "0",
+    "accuracy_level": "4",
     "block_size": "32",
     "is_symmetric": "true",
     "op_types_to_quantize": "MatMul/Gather",

@@ -33,21 +33,29 @@ def _costs(one: float, five: float) -> VerifyCostModel:
     return cost
 
 
-def test_drafts_are_held_until_held_ones_would_have_paid_then_verified_until_they_stop_paying():
-    backoff = Backoff(_costs(1.0, 2.0), decay=0.5)  # a window of 5 costs 2 plain steps
+def test_proposals_are_held_until_held_ones_would_have_paid_then_cut_to_the_depth_that_pays():
+    backoff = Backoff(_costs(1.0, 2.0), decay=0.5)  # a window of 5 costs 2 plain steps (linear fit between)
     draft = DraftTree.chain([5, 6, 7, 8])
-    context = np.array([1, 2, 3])
-    assert not backoff.admit(draft, len(context))  # E[a] starts at 0: 1 < 2
-    backoff.observe_context(np.array([1, 2, 3, 5, 6, 7]))  # 3 of 4 following tokens known: still waiting
-    assert backoff.expected_accepted == 0.0
+    assert not len(backoff.choose(draft, 3))  # P(m >= d) starts at 0: a plain step
+    backoff.observe_context(np.array([1, 2, 3, 5, 6, 7]))  # 3 of the 4 predicted tokens known: waiting
+    assert backoff.expected_accepted(4) == 0.0
     backoff.observe_context(np.array([1, 2, 3, 5, 6, 7, 8]))  # the held draft would have accepted 4
-    assert backoff.expected_accepted == pytest.approx(2.0)
-    assert backoff.admit(draft, 7)  # 1 + 2 > 2
-    backoff.verified(0)
-    assert backoff.expected_accepted == pytest.approx(1.0)
-    assert not backoff.admit(draft, 8)  # 1 + 1 = 2: does not beat two plain steps
-    assert backoff.held_back == 2
-    assert not backoff.admit(DraftTree.empty(), 8) and backoff.held_back == 2  # nothing to hold
+    assert backoff.reach[1:5].tolist() == [0.5, 0.5, 0.5, 0.5]
+    # rate(k) = (1 + 0.5 k) / (1 + 0.25 k): best at k = 4 (3.0 / 2.0 = 1.5 > 1)
+    assert backoff.choose(draft, 7).token_ids.tolist() == [5, 6, 7, 8]
+    backoff.observe_context(np.array([1, 2, 3, 5, 6, 7, 8, 5, 6, 1, 1]))  # that one matches 2 of 4
+    assert backoff.reach[1:5].tolist() == [0.75, 0.75, 0.25, 0.25]
+    # rates: k=1 1.75/1.25 = 1.4, k=2 2.5/1.5 = 1.67, k=3 2.75/1.75 = 1.57, k=4 3.0/2.0 = 1.5
+    assert backoff.choose(draft, 11).token_ids.tolist() == [5, 6]
+    assert backoff.held_back == 1
+    assert not len(backoff.choose(DraftTree.empty(), 11)) and backoff.held_back == 1  # nothing proposed
+
+
+def test_a_tree_is_cut_by_depth():
+    tree = DraftTree(np.array([5, 8, 6, 9, 3]), np.array([-1, -1, 0, 1, 3]))
+    cut = tree.truncated(2)
+    assert cut.token_ids.tolist() == [5, 8, 6, 9] and cut.parents.tolist() == [-1, -1, 0, 1]
+    assert tree.truncated(3) is tree and len(tree.truncated(0)) == 0
 
 
 def test_cost_ratio_uses_the_default_slope_before_anything_is_measured():
@@ -108,9 +116,13 @@ def test_a_drafter_that_matches_gets_verified_after_its_held_drafts_prove_it(mod
     ("pld", {}, True),
     ("suffix_decoding", {"temperature": 0.8}, True),
     ("pld", {"temperature": 0.8, "seed": 3}, False),  # a seeded sampled request must repeat
+    ("pld", {"seed": 3}, True),  # greedy: the seed changes nothing
+    ("sd_like_instance", {}, False),
     ("baseline", {}, True),
 ])
 def test_backoff_defaults(model, method, options, on):
+    if method == "sd_like_instance":
+        method = Fixed([1, 2])  # a Drafter instance: its cost is unknown
     loop, chunks = model.stream_ids(model.encode(PROMPTS[0]), method=method, max_new_tokens=4, **options)
     list(chunks)
     assert (loop.backoff is not None) == on

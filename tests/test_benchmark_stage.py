@@ -68,7 +68,8 @@ def test_stage_writes_metrics_csv_table_and_plots(folder, tmp_path):
     questions.write_text("".join(json.dumps(r) + "\n" for r in rows))
     params = tmp_path / "params.yaml"
     params.write_text("benchmark: {prompts_per_task: 1, max_prompt_tokens: 64, max_new_tokens: 10, "
-                      "methods: [pld, suffix_decoding], modes: [chain, tree], draft_budget: 4, threads: 1}\n")
+                      "methods: [pld, suffix_decoding], without_backoff: [pld], modes: [chain, tree], draft_budget: 4, "
+                      "threads: 1}\n")
     out = tmp_path / "bench"
     argv = ["--model", str(folder), "--roofline", str(folder), "--prompts", str(questions), "--params", str(params),
             "--metrics", str(out / "m.json"), "--csv", str(out / "r.csv"), "--table", str(out / "r.md"),
@@ -76,7 +77,8 @@ def test_stage_writes_metrics_csv_table_and_plots(folder, tmp_path):
     assert main(argv) == 0
     report = json.loads((out / "m.json").read_text())
     assert report["prompts"] == 3 and report["tasks"]["mt_bench"] == 2 and report["lossless"]
-    runs = {"baseline/chain/t0", "pld/chain/t0", "pld/tree/t0", "suffix_decoding/chain/t0", "suffix_decoding/tree/t0"}
+    runs = {"baseline/chain/t0", "pld/chain/t0", "pld/tree/t0", "suffix_decoding/chain/t0", "suffix_decoding/tree/t0",
+            "pld/chain/t0/no-backoff", "pld/tree/t0/no-backoff"}
     assert set(report["runs"]) == runs and report["best"] in runs - {"baseline/chain/t0"}
     assert set(report["speedup_per_task"]["pld/tree/t0"]) == {"mt_bench", "summarization"}
     assert report["roofline"]["fp32"]["fraction"] > 0

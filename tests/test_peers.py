@@ -12,6 +12,7 @@ import pytest
 pytest.importorskip("onnxruntime_genai", reason="onnxruntime-genai is not installed (pip install onnxruntime-genai)")
 
 import onnx  # noqa: E402
+import yaml  # noqa: E402
 from transformers import PreTrainedTokenizerFast  # noqa: E402
 
 from pipeline import peers  # noqa: E402
@@ -72,7 +73,12 @@ def test_hf_prompt_lookup_equals_hf_plain(tiny_hf, hf_plain):
 
 def test_genai_int4_build_follows_our_recipe(tiny_hf, tmp_path):
     # ours (params.yaml quantize.variants.int4): MatMulNBits 4-bit, block 32, symmetric,
-    # accuracy_level 0, lm_head and embedding 4-bit
+    # accuracy_level 4, lm_head and embedding 4-bit
+    ours = yaml.safe_load((Path(__file__).parents[1] / "params.yaml").read_text())["quantize"]["variants"]["int4"]
+    assert (ours["bits"], ours["lm_head_bits"], ours["embedding_bits"]) == (4, 4, 4)
+    assert peers.GENAI_INT4_OPTIONS["accuracy_level"] == str(ours["accuracy_level"])
+    assert peers.GENAI_INT4_OPTIONS["block_size"] == str(ours["block_size"])
+    assert peers.GENAI_INT4_OPTIONS["is_symmetric"] == str(ours["symmetric"]).lower()
     hf_dir, prompts = tiny_hf
     build = peers.build_genai(hf_dir, tmp_path / "int4", "int4")
     assert build["extra_options"] == peers.GENAI_INT4_OPTIONS
@@ -80,7 +86,7 @@ def test_genai_int4_build_follows_our_recipe(tiny_hf, tmp_path):
     nbits = [n for n in graph.node if n.op_type == "MatMulNBits"]
     attrs = [{a.name: onnx.helper.get_attribute_value(a) for a in n.attribute} for n in nbits]
     assert nbits and not [n for n in graph.node if n.op_type == "MatMul"]
-    assert all(a["bits"] == 4 and a["block_size"] == 32 and a.get("accuracy_level", 0) == 0 for a in attrs)
+    assert all(a["bits"] == 4 and a["block_size"] == 32 and a.get("accuracy_level", 0) == 4 for a in attrs)
     assert all(len(n.input) < 4 or not n.input[3] for n in nbits)  # symmetric: no zero points
     assert any(n.name.startswith("/lm_head/") for n in nbits)
     embed = [n for n in graph.node if n.op_type == "GatherBlockQuantized"]

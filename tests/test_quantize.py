@@ -16,7 +16,7 @@ from specrt.backend import OrtDecoder
 from tests.tiny import PROMPTS, specbench_questions
 
 GATE = {"new_tokens": 16, "widths": [4], "prefill_chunk": 16}
-INT4 = QuantConfig(method="matmul_nbits", bits=4, block_size=32, accuracy_level=0, lm_head_bits=4, embedding_bits=4)
+INT4 = QuantConfig(method="matmul_nbits", bits=4, block_size=32, accuracy_level=4, lm_head_bits=4, embedding_bits=4)
 
 
 @pytest.fixture(scope="module")
@@ -175,8 +175,8 @@ def test_level4_int4_windows_give_single_step_logits_bit_for_bit(tiny_artifact, 
     # row, so a position's logits do not depend on the window, chain or tree (pipeline/grouped_attention.py)
     src = tiny_artifact[0]
     prompts = [specrt.load(src).encode(p) for p in PROMPTS[:3]]
-    level4 = QuantConfig(**{**INT4.__dict__, "accuracy_level": 4})
-    report = quantize_artifact(src, tmp_path / "int4", "int4", level4, prompts, {**GATE, "widths": [4, 8]},
+    assert INT4.accuracy_level == 4
+    report = quantize_artifact(src, tmp_path / "int4", "int4", INT4, prompts, {**GATE, "widths": [4, 8]},
                                bench_steps=2)
     gate = specrt.load(tmp_path / "int4").manifest.checks["gate"]
     assert report["spec_safe"] and gate["positions"] > 0

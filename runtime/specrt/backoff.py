@@ -1,20 +1,24 @@
-"""Back-off that never lets a model-free drafter lose to plain decoding.
+"""Back-off that never lets a model-free drafter lose to plain decoding: verify only what pays.
 
 A verify pass over s positions costs c(s) (``VerifyCostModel``, measured per window size) and
-emits 1 + a tokens, a = accepted draft tokens; a plain step costs c(1) and emits one. A draft of
-n nodes is worth verifying iff
+emits 1 + a tokens, a = accepted draft tokens; a plain step costs c(1) and emits one. A drafter
+proposes a tree; the controller verifies it cut to the depth k that maximises tokens per second,
 
-    (1 + E[a]) / c(n + 1)  >  1 / c(1)
+    k* = argmax_k (1 + E[min(m, k)]) / c(n_k + 1),    E[min(m, k)] = sum_{d <= k} P(m >= d)
 
-E[a] is an exponential mean over every draft the drafter proposed in this request, verified or
-held back. A held-back draft is scored against the tokens plain decoding emitted after it
-("shadow" verification): under greedy decoding the verifier would have accepted exactly the
-longest tree path that the next tokens spell; under sampling a deterministic draft token is
-accepted with the probability that plain sampling emits it, so the match has the same law.
-Backing off therefore costs nothing to keep learning: no probe steps, and speculation resumes
-as soon as the held-back drafts would have paid. The estimate starts at 0 (pessimistic), so a
-request verifies nothing until drafts were seen to match. Output is unchanged either way: a
-plain step is exact, so the loop stays lossless.
+where m is the depth the target would accept from the whole tree and n_k the nodes at depth <= k;
+k = 0 is a plain step (ratio 1 / c(1)). So a workload whose drafts do not pay for their window
+runs plain decoding, and one whose first draft tokens pay but later ones do not verifies short
+drafts.
+
+P(m >= d) is an exponential mean over every tree the drafter proposed in this request, scored in
+full against the tokens the request emitted after it (whatever was verified): under greedy
+decoding the verifier would have accepted exactly the longest tree path that those tokens spell;
+under sampling, a deterministic draft is accepted exactly along the path the emitted (target-law)
+tokens spell. So a held-back or cut draft still teaches the estimate what it would have earned:
+no probe steps, and speculation resumes as soon as drafts would pay. The estimate starts at 0
+(pessimistic): a request verifies nothing until drafts were seen to match. Output never depends
+on it (a plain step is exact), so the loop stays lossless.
 """
 
 from __future__ import annotations
@@ -41,28 +45,25 @@ def matched_length(tree: DraftTree, following: np.ndarray) -> int:
     return best
 
 
-@dataclass
-class _Held:
-    tree: DraftTree
-    start: int  # context length when it was proposed: following tokens begin there
+@dataclass(frozen=True)
+class _Pending:
+    tree: DraftTree  # as proposed, before any cut
+    start: int  # context length when it was proposed: the tokens it predicts begin there
     depth: int  # deepest node
 
 
 class Backoff:
-    """Per request: ``admit`` a proposed draft or hold it back; ``verified`` / ``observe_context``
-    feed the acceptance estimate."""
+    """Per request: :meth:`choose` the part of each proposal to verify; :meth:`observe_context`
+    scores past proposals once the request has emitted the tokens they predicted."""
 
-    def __init__(self, cost: VerifyCostModel, decay: float = 0.7):
+    def __init__(self, cost: VerifyCostModel, decay: float = 0.7, max_depth: int = 64):
         if not 0.0 <= decay < 1.0:
             raise ValueError(f"decay must be in [0, 1), got {decay}")
         self.cost = cost
         self.decay = decay  # weight of the old mean
-        self.expected_accepted = 0.0  # E[a] per proposed draft
-        self.held_back = 0  # drafts not verified (counted per request)
-        self._held: list[_Held] = []
-
-    def _update(self, accepted: int) -> None:
-        self.expected_accepted = self.decay * self.expected_accepted + (1 - self.decay) * accepted
+        self.reach = np.zeros(max_depth + 1, np.float64)  # reach[d] = P(m >= d) estimate; reach[0] unused
+        self.held_back = 0  # proposals cut to nothing (a plain step ran)
+        self._pending: list[_Pending] = []
 
     def cost_ratio(self, s: int) -> float:
         """c(s) / c(1), measured where possible; before any measurement the cost model's default slope."""
@@ -71,27 +72,37 @@ class Backoff:
             return window / one
         return 1.0 + DEFAULT_SLOPE * (s - 1)
 
-    def admit(self, tree: DraftTree, context_len: int) -> bool:
-        """Verify ``tree`` (proposed after ``context_len`` tokens)? If not, it is held for scoring."""
-        if not len(tree):
-            return False
-        if 1.0 + self.expected_accepted > self.cost_ratio(len(tree) + 1):
-            return True
-        self.held_back += 1
-        self._held.append(_Held(tree, context_len, int(tree.depths().max())))
-        return False
+    def expected_accepted(self, depth: int) -> float:
+        """E[min(m, depth)]: accepted tokens of a proposal cut to ``depth``."""
+        return float(self.reach[1 : depth + 1].sum())
 
-    def verified(self, accepted: int) -> None:
-        """A verified draft's accepted length."""
-        self._update(accepted)
+    def choose(self, tree: DraftTree, context_len: int) -> DraftTree:
+        """``tree`` (proposed after ``context_len`` tokens) cut to its best depth; empty = plain step."""
+        if not len(tree):
+            return tree
+        depths = tree.depths()
+        deepest = min(int(depths.max()), len(self.reach) - 1)
+        self._pending.append(_Pending(tree, context_len, deepest))
+        sizes = np.bincount(depths, minlength=deepest + 1)[: deepest + 1].cumsum()  # nodes at depth <= k
+        best, best_rate = 0, 1.0  # plain step: one token per c(1)
+        for k in range(1, deepest + 1):
+            rate = (1.0 + self.expected_accepted(k)) / self.cost_ratio(int(sizes[k]) + 1)
+            if rate > best_rate:
+                best, best_rate = k, rate
+        if best == 0:
+            self.held_back += 1
+            return DraftTree.empty()
+        return tree.truncated(best)
 
     def observe_context(self, context: np.ndarray) -> None:
-        """Score every held draft whose whole depth ``context`` ([t] int64) now covers."""
+        """Score every pending proposal whose whole depth ``context`` ([t] int64) now covers."""
         waiting = []
-        for held in self._held:
-            following = context[held.start : held.start + held.depth]
-            if len(following) < held.depth:
-                waiting.append(held)
-            else:
-                self._update(matched_length(held.tree, following))
-        self._held = waiting
+        for item in self._pending:
+            following = context[item.start : item.start + item.depth]
+            if len(following) < item.depth:
+                waiting.append(item)
+                continue
+            m = matched_length(item.tree, following)
+            d = np.arange(1, item.depth + 1)
+            self.reach[d] = self.decay * self.reach[d] + (1 - self.decay) * (d <= m)
+        self._pending = waiting

@@ -42,7 +42,7 @@ class LoopConfig:
     draft_budget: int = 8  # draft-tree nodes per step (a chain of this length in chain mode)
     prefill_chunk: int = 256  # prompt positions per prefill pass (bounds the [chunk, vocab] logits)
     seed: int | None = None
-    backoff: bool = False  # hold back drafts that would not pay for their verify window (specrt.backoff)
+    backoff: bool = False  # verify drafts only as deep as pays for the window (specrt.backoff)
 
     def __post_init__(self) -> None:
         check_int("max_new_tokens", self.max_new_tokens, minimum=0)
@@ -68,7 +68,7 @@ class LoopStats:
     decode_s: float = 0.0  # whole decode phase: draft + verify + accept/bookkeeping
     steps: int = 0
     drafted: int = 0  # draft-tree nodes sent to verification
-    held_back: int = 0  # proposed drafts the back-off did not verify (a plain step ran instead)
+    held_back: int = 0  # proposed drafts the back-off cut to nothing (a plain step ran instead)
     accepted: int = 0  # drafted tokens the target accepted
     accepted_lengths: list[int] = field(default_factory=list)  # per step
 
@@ -268,9 +268,9 @@ class SpeculativeLoop:
             if budget > 0:
                 proposed = self._call_drafter("propose", self.drafter.propose, context, budget)
                 tree = check_tree(proposed, budget, vocab, self.drafter_label)
-                if self.backoff is not None and len(tree) and not self.backoff.admit(tree, len(context)):
-                    tree = DraftTree.empty()  # a plain step: the held draft is scored on what it emits
-                    stats.held_back += 1
+                if self.backoff is not None and len(tree):
+                    tree = self.backoff.choose(tree, len(context))  # cut to what pays; empty = plain step
+                    stats.held_back += not len(tree)
             stats.draft_s += time.perf_counter() - t
 
             window = flatten(int(context[-1]), tree, self.decoder.past)
@@ -281,8 +281,6 @@ class SpeculativeLoop:
             if self.cost is not None:
                 self.cost.record(len(window.input_ids), elapsed)
             walk = self._walk(tree, out.logits)
-            if self.backoff is not None and len(tree):
-                self.backoff.verified(len(walk.path))
             self.decoder.commit(np.concatenate([[0], walk.path + 1]))
 
             emitted, self.finish_reason = self._stop(walk.emitted, stats.new_tokens)

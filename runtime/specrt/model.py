@@ -227,7 +227,7 @@ class SpecModel:
             draft_budget=draft_budget,
             prefill_chunk=prefill_chunk,
             seed=seed,
-            backoff=self._default_backoff(method, seed) if backoff is None else backoff,
+            backoff=self._default_backoff(method, seed, greedy=temperature == 0) if backoff is None else backoff,
         )
         if not self.manifest.spec_safe and method != "baseline" and not isinstance(method, NoDraft):
             self._warn_unsafe()
@@ -252,13 +252,13 @@ class SpecModel:
         return loop, chunks
 
     @staticmethod
-    def _default_backoff(method: str | Drafter, seed: int | None) -> bool:
+    def _default_backoff(method: str | Drafter, seed: int | None, *, greedy: bool) -> bool:
         """On for the registered model-free methods; off for the draft-model methods (their adaptive
         gamma backs off by itself, and their drafts cost a model), for Drafter instances (whose cost
-        is unknown) and for seeded requests: the back-off decides from measured times, so under
-        sampling it would change which random numbers a seeded request draws, and the request would
-        not repeat. (Greedy output never depends on it.)"""
-        return isinstance(method, str) and method not in NEEDS_DRAFT and seed is None
+        is unknown) and for seeded sampling: the back-off decides from measured times, so it would
+        change which random numbers a seeded request draws, and the request would not repeat.
+        (Greedy output never depends on it.)"""
+        return isinstance(method, str) and method not in NEEDS_DRAFT and (greedy or seed is None)
 
     def _check_ids(self, prompt_ids: np.ndarray | list[int]) -> np.ndarray:
         """``prompt_ids`` as [t] int64, or InvalidRequestError: not integers, or outside the vocabulary."""

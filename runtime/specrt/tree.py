@@ -63,6 +63,17 @@ class DraftTree:
             depth[i] = 1 if p < 0 else depth[p] + 1
         return depth
 
+    def truncated(self, depth: int) -> DraftTree:
+        """The nodes at depth <= ``depth`` (node order kept, parents renumbered)."""
+        keep = np.flatnonzero(self.depths() <= depth)
+        if len(keep) == len(self):
+            return self
+        renumber = np.full(len(self), -1, np.int64)
+        renumber[keep] = np.arange(len(keep))
+        parents = np.where(self.parents[keep] < 0, -1, renumber[self.parents[keep]])
+        probs = self.draft_probs[keep] if self.draft_probs is not None else None
+        return DraftTree(self.token_ids[keep], parents, probs)
+
     def children(self, node: int) -> np.ndarray:
         """Indices of the children of ``node`` (``-1`` = root), in node order."""
         return np.flatnonzero(self.parents == node)
