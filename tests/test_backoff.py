@@ -51,6 +51,14 @@ def test_proposals_are_held_until_held_ones_would_have_paid_then_cut_to_the_dept
     assert not len(backoff.choose(DraftTree.empty(), 11)) and backoff.held_back == 1  # nothing proposed
 
 
+def test_a_proposal_is_scored_as_soon_as_its_accepted_depth_is_settled():
+    backoff = Backoff(_costs(1.0, 2.0))
+    backoff.choose(DraftTree.chain([5, 6, 7, 8]), 3)
+    backoff.choose(DraftTree.chain([6, 9, 9, 9]), 4)
+    backoff.observe_context(np.array([1, 2, 3, 5, 6, 7]))  # the first still matches, the second left at token 2
+    assert backoff.seen[1:5].tolist() == [1, 1, 1, 1] and backoff.reach[1:5].tolist() == [0.5, 0, 0, 0]
+
+
 def test_a_tree_is_cut_by_depth():
     tree = DraftTree(np.array([5, 8, 6, 9, 3]), np.array([-1, -1, 0, 1, 3]))
     cut = tree.truncated(2)

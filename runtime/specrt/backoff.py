@@ -16,8 +16,10 @@ full against the tokens the request emitted after it (whatever was verified): un
 decoding the verifier would have accepted exactly the longest tree path that those tokens spell;
 under sampling, a deterministic draft is accepted exactly along the path the emitted (target-law)
 tokens spell. So a held-back or cut draft still teaches the estimate what it would have earned:
-no probe steps, and speculation resumes as soon as drafts would pay. The estimate starts at 0
-(pessimistic): a request verifies nothing until drafts were seen to match. Output never depends
+no probe steps, and speculation resumes as soon as drafts would pay. A proposal is scored as soon
+as its accepted depth is settled (a mismatch, or all its depth emitted). The estimate starts at 0
+(pessimistic: a request verifies nothing until drafts were seen to match), as one pseudo-proposal
+that matched nothing: the first proposals are averaged, later ones enter an exponential mean. Output never depends
 on it (a plain step is exact), so the loop stays lossless.
 """
 
@@ -62,6 +64,7 @@ class Backoff:
         self.cost = cost
         self.decay = decay  # weight of the old mean
         self.reach = np.zeros(max_depth + 1, np.float64)  # reach[d] = P(m >= d) estimate; reach[0] unused
+        self.seen = np.zeros(max_depth + 1, np.int64)  # proposals scored at depth d
         self.held_back = 0  # proposals cut to nothing (a plain step ran)
         self._pending: list[_Pending] = []
 
@@ -69,7 +72,7 @@ class Backoff:
         """c(s) / c(1), measured where possible; before any measurement the cost model's default slope."""
         one, window = self.cost.estimate(1), self.cost.estimate(s)
         if one > 0 and window > 0:
-            return window / one
+            return max(window / one, 1.0)  # a window does more work than one step: less is timing noise
         return 1.0 + DEFAULT_SLOPE * (s - 1)
 
     def expected_accepted(self, depth: int) -> float:
@@ -95,14 +98,19 @@ class Backoff:
         return tree.truncated(best)
 
     def observe_context(self, context: np.ndarray) -> None:
-        """Score every pending proposal whose whole depth ``context`` ([t] int64) now covers."""
+        """Score every pending proposal whose accepted depth ``context`` ([t] int64) now settles:
+        its whole depth is covered, or the tokens so far already leave every path."""
         waiting = []
         for item in self._pending:
             following = context[item.start : item.start + item.depth]
-            if len(following) < item.depth:
+            m = matched_length(item.tree, following)
+            if m == len(following) < item.depth:  # every known token matched: deeper ones decide
                 waiting.append(item)
                 continue
-            m = matched_length(item.tree, following)
             d = np.arange(1, item.depth + 1)
-            self.reach[d] = self.decay * self.reach[d] + (1 - self.decay) * (d <= m)
+            # the mean of the first proposals (after one pseudo-proposal that matched nothing), then
+            # an exponential mean: the first matches count at once, later ones track the workload
+            weight = np.maximum(1 - self.decay, 1 / (self.seen[d] + 2))
+            self.reach[d] += weight * ((d <= m) - self.reach[d])
+            self.seen[d] += 1
         self._pending = waiting
