@@ -134,3 +134,21 @@ def test_backoff_defaults(model, method, options, on):
     loop, chunks = model.stream_ids(model.encode(PROMPTS[0]), method=method, max_new_tokens=4, **options)
     list(chunks)
     assert (loop.backoff is not None) == on
+
+
+def test_the_estimate_carries_over_to_the_next_request_of_the_method_until_history_is_forgotten(model):
+    ids = model.encode(PROMPTS[0])
+    model.forget_history()
+    first, _ = model.stream_ids(ids, method="pld", max_new_tokens=20)
+    assert first.backoff is not None and not first.backoff.seen.any()  # a cold start
+    list(_)
+    kept = model.drafter_state["backoff/pld/chain"]
+    assert kept is first.backoff and kept.seen.any()
+    second, chunks = model.stream_ids(ids, method="pld", max_new_tokens=20)
+    assert second.backoff is not kept and second.backoff.reach.tolist() == kept.reach.tolist()
+    list(chunks)
+    tree, chunks = model.stream_ids(ids, method="pld", tree=True, max_new_tokens=20)
+    assert not tree.backoff.seen.any()  # chain and tree keep their own
+    list(chunks)
+    model.forget_history()
+    assert not [k for k in model.drafter_state if k.startswith("backoff/")]

@@ -16,7 +16,8 @@ full against the tokens the request emitted after it (whatever was verified): un
 decoding the verifier would have accepted exactly the longest tree path that those tokens spell;
 under sampling, a deterministic draft is accepted exactly along the path the emitted (target-law)
 tokens spell. So a held-back or cut draft still teaches the estimate what it would have earned:
-no probe steps, and speculation resumes as soon as drafts would pay. A proposal is scored as soon
+no probe steps, and speculation resumes as soon as drafts would pay. A model carries the estimate
+from one request of a method to the next (``SpecModel``; ``forget_history`` drops it). A proposal is scored as soon
 as its accepted depth is settled (a mismatch, or all its depth emitted). The estimate starts at 0
 (pessimistic: a request verifies nothing until drafts were seen to match), as one pseudo-proposal
 that matched nothing: the first proposals are averaged, later ones enter an exponential mean. Output never depends
@@ -67,6 +68,12 @@ class Backoff:
         self.seen = np.zeros(max_depth + 1, np.int64)  # proposals scored at depth d
         self.held_back = 0  # proposals cut to nothing (a plain step ran)
         self._pending: list[_Pending] = []
+
+    def carried_over(self) -> Backoff:
+        """A fresh controller for the next request that starts from this one's estimate (same cost model)."""
+        nxt = Backoff(self.cost, self.decay, len(self.reach) - 1)
+        nxt.reach, nxt.seen = self.reach.copy(), self.seen.copy()
+        return nxt
 
     def cost_ratio(self, s: int) -> float:
         """c(s) / c(1), measured where possible; before any measurement the cost model's default slope."""

@@ -168,6 +168,7 @@ class SpeculativeLoop:
         config: LoopConfig,
         cost: VerifyCostModel | None = None,
         method: str | None = None,  # the drafter's registered name, for error messages
+        backoff_from: Backoff | None = None,  # an earlier request's back-off: start from its estimate
     ):
         self.decoder = decoder
         self.drafter = drafter
@@ -178,7 +179,9 @@ class SpeculativeLoop:
         if config.backoff and cost is None:
             cost = VerifyCostModel()  # the back-off needs measured costs: this request's own
         self.cost = cost
-        self.backoff = Backoff(cost) if config.backoff else None
+        self.backoff: Backoff | None = None
+        if config.backoff:
+            self.backoff = backoff_from.carried_over() if backoff_from is not None else Backoff(cost)
         self.rng = np.random.default_rng(config.seed)
         self.stats = LoopStats()
         self.finish_reason: str | None = None  # "eos", "length" (max_new_tokens) or "context" (context full)

@@ -28,7 +28,7 @@ from __future__ import annotations
 import logging
 import threading
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -118,9 +118,13 @@ class _Lease:
                 self.state_lock.release()
 
 
-def _run(loop: SpeculativeLoop, ids: np.ndarray, lease: _Lease) -> Iterator[np.ndarray]:
+BACKOFF_STATE_PREFIX = "backoff/"  # drafter_state keys holding a method's last back-off estimate
+
+
+def _run(loop: SpeculativeLoop, ids: np.ndarray, lease: _Lease, keep: Callable[[], None]) -> Iterator[np.ndarray]:
     try:
         yield from loop.run(ids)
+        keep()
     finally:
         lease.release()
 
@@ -241,13 +245,21 @@ class SpecModel:
             else:
                 drafter = method
             label = method if isinstance(method, str) else None
+            # a method's back-off estimate carries over from its last finished request (same mode)
+            backoff_key = f"{BACKOFF_STATE_PREFIX}{label}/{'tree' if tree else 'chain'}" if label else None
             loop = SpeculativeLoop(
-                lease.decoder, drafter, self.manifest.eos_token_ids, config, self.verify_cost, method=label
+                lease.decoder, drafter, self.manifest.eos_token_ids, config, self.verify_cost, method=label,
+                backoff_from=self.drafter_state.get(backoff_key) if backoff_key else None,
             )
         except BaseException:
             lease.release()
             raise
-        chunks = _run(loop, ids, lease)
+
+        def keep() -> None:
+            if backoff_key and loop.backoff is not None:
+                self.drafter_state[backoff_key] = loop.backoff
+
+        chunks = _run(loop, ids, lease, keep)
         weakref.finalize(chunks, lease.release)  # a stream dropped before its first chunk
         return loop, chunks
 
