@@ -15,11 +15,15 @@ repeating K and V):
     p      = softmax(scores * scaling + bias)                 per row
     out    = p @ v           [1, kv, g*s, d]  ->  [1, s, heads, d]
 
-Both products have M = g*s >= 2 in every pass, K fixed by the head size or the key length (a
-window's extra keys are masked, so they add exact zeros), and every other op is row-wise; the
-MatMulNBits kernels at level 4 quantize per row. So the whole graph gives a row the same bits
-whatever the window (tests/test_export.py checks it on the int4 level-4 graph). The stacking also
-drops the ``repeat_kv`` copies (Expand) of K and V that the eager form makes per layer and step.
+Both products have M = g*s >= 2 in every pass; a window's extra keys are masked, so they add
+exact zeros; every other op is row-wise, and the MatMulNBits kernels at level 4 quantize per row.
+So a chain window gives each row the bits of a single step (tests/test_quantize.py checks it on
+the int4 level-4 graph, chains and trees). One case stays open: onnxruntime's SGEMM sums the keys
+in blocks of 128 (fused multiply-adds inside a block, one rounding more between blocks), and a tree
+puts a path's keys at other slots than the single steps do; when a tree window straddles a
+multiple of 128 cache slots, a row can round differently (measured: up to 0.2 in the logits, in
+1 of the gate's 30 tree windows of width 8; the spec-safety gate counts any argmax this moves). The
+stacking also drops the ``repeat_kv`` copies (Expand) of K and V that the eager form makes.
 """
 
 from __future__ import annotations
