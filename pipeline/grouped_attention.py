@@ -17,12 +17,13 @@ repeating K and V):
 
 Both products have M = g*s >= 2 in every pass; a window's extra keys are masked, so they add
 exact zeros; every other op is row-wise, and the MatMulNBits kernels at level 4 quantize per row.
-So a chain window gives each row the bits of a single step (tests/test_quantize.py checks it on
-the int4 level-4 graph, chains and trees). One case stays open: onnxruntime's SGEMM sums the keys
-in blocks of 128 (fused multiply-adds inside a block, one rounding more between blocks), and a tree
-puts a path's keys at other slots than the single steps do; when a tree window straddles a
-multiple of 128 cache slots, a row can round differently (measured: up to 0.2 in the logits, in
-1 of the gate's 30 tree windows of width 8; the spec-safety gate counts any argmax this moves). The
+So a chain window gives each row the bits of a single step. Trees need one more rule:
+onnxruntime's SGEMM sums the keys in blocks of 128 (fused multiply-adds inside a block, one rounding
+more where blocks meet), and a tree puts a path's keys at other slots than the single steps do, so
+the runtime keeps a tree window's nodes inside one key block (``specrt.tree.fit_window``: at most
+once per 128 positions a tree is cut). Without it, the real model's gate saw one tree window
+straddle slot 128 and move a row's logits by 0.2. tests/test_quantize.py checks the int4 level-4
+graph bit for bit, chains and trees. The
 stacking also drops the ``repeat_kv`` copies (Expand) of K and V that the eager form makes.
 """
 

@@ -26,7 +26,7 @@ import numpy as np
 
 from specrt.backend import OrtDecoder
 from specrt.engine import prefill
-from specrt.tree import DraftTree, causal_bias, flatten
+from specrt.tree import DraftTree, causal_bias, fit_window, flatten
 
 
 @dataclass(frozen=True, eq=False)
@@ -105,6 +105,8 @@ def window_run(decoder: OrtDecoder, ref: Reference, width: int, tree: bool, chun
     while start < n - 1:
         depth = min(width - 1, n - 1 - start - 1)  # path nodes; the last one predicts nothing we know
         draft, path = _window_tree(ref, start, depth, siblings=tree)
+        draft = fit_window(draft, decoder.past)  # the window the runtime would verify (a tree stays in one key block)
+        path = path[path < len(draft)]
         window = flatten(int(ref.tokens[start]), draft, decoder.past)
         out = decoder.forward(window.input_ids, window.position_ids, window.attention_bias)
         slots = np.concatenate([[0], path + 1])  # root and path: each predicts the next reference token

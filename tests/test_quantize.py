@@ -172,10 +172,13 @@ def test_load_model_reads_weights_that_have_several_hard_links(tiny_artifact, tm
 
 def test_level4_int4_windows_give_single_step_logits_bit_for_bit(tiny_artifact, tmp_path):
     # grouped attention keeps every op row-wise with M >= 2 and MatMulNBits level 4 quantizes per
-    # row, so a position's logits do not depend on the window, chain or tree, while the context
-    # stays under 128 slots (pipeline/grouped_attention.py: tree windows across a multiple of 128)
+    # row, so a position's logits do not depend on the window, chain or tree (trees kept inside one
+    # key block by specrt.tree.fit_window; the long prompt makes windows cross slot 128)
     src = tiny_artifact[0]
-    prompts = [specrt.load(src).encode(p) for p in PROMPTS[:3]]
+    model = specrt.load(src)
+    long = np.concatenate([model.encode(p) for p in PROMPTS * 4])[:118]
+    assert len(long) == 118
+    prompts = [model.encode(p) for p in PROMPTS[:3]] + [long]
     assert INT4.accuracy_level == 4
     report = quantize_artifact(src, tmp_path / "int4", "int4", INT4, prompts, {**GATE, "widths": [4, 8]},
                                bench_steps=2)

@@ -139,3 +139,16 @@ def test_draft_tree_rejects_bad_parents(parents):
 def test_draft_tree_rejects_mismatched_shapes(token_ids, parents):
     with pytest.raises(ValueError, match="must be 1-D arrays of the same length"):
         DraftTree(np.array(token_ids), np.array(parents))
+
+
+def test_a_branching_tree_is_cut_to_the_key_block_of_its_first_node():
+    from specrt.tree import KEY_BLOCK, fit_window
+
+    tree = DraftTree(np.array([1, 2, 3, 4, 5, 6]), np.array([-1, -1, 0, 1, 2, 3]))
+    assert KEY_BLOCK == 128
+    cut = fit_window(tree, past=123)  # nodes at slots 124..127 fit, 128 is the next block
+    assert cut.token_ids.tolist() == [1, 2, 3, 4] and cut.parents.tolist() == [-1, -1, 0, 1]
+    assert fit_window(tree, past=127) is tree  # the nodes start a block: all six fit
+    assert len(fit_window(tree, past=126)) == 1
+    chain = DraftTree.chain([1, 2, 3, 4, 5, 6])
+    assert fit_window(chain, past=126) is chain  # a chain keeps every key at its single-step slot

@@ -31,7 +31,7 @@ from .drafters import Drafter, Feedback
 from .errors import DrafterError, InvalidRequestError, check_int
 from .rejection import Verifier, accept_tree_stochastic
 from .sampling import SamplingParams, sample, target_probs
-from .tree import DraftTree, causal_bias, flatten
+from .tree import DraftTree, causal_bias, fit_window, flatten
 from .verify import Walk, walk_greedy, walk_sampling
 
 
@@ -274,6 +274,7 @@ class SpeculativeLoop:
                 if self.backoff is not None and len(tree):
                     tree = self.backoff.choose(tree, len(context))  # cut to what pays; empty = plain step
                     stats.held_back += not len(tree)
+                tree = fit_window(tree, self.decoder.past)  # a tree stays inside one key block
             stats.draft_s += time.perf_counter() - t
 
             window = flatten(int(context[-1]), tree, self.decoder.past)

@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from .drafters.base import Drafter, DrafterEnv, Feedback
-from .tree import DraftTree
+from .tree import DraftTree, fit_window
 from .verify import walk_greedy
 
 if TYPE_CHECKING:
@@ -109,6 +109,7 @@ def simulate(
             proposal = drafter.propose(context, step_budget) if step_budget > 0 else DraftTree.empty()
             if len(proposal) > max(step_budget, 0):
                 raise RuntimeError(f"drafter proposed {len(proposal)} nodes over its budget of {step_budget}")
+            proposal = fit_window(proposal, len(context) - 1)  # as the engine cuts it
             # target_next[slot]: the recorded token after the slot (-1 past the record's end); the walk
             # only reads slots on the accepted path, whose tokens are the record's
             at = produced + np.concatenate([[0], proposal.depths()])  # [n + 1]

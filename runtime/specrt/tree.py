@@ -63,6 +63,14 @@ class DraftTree:
             depth[i] = 1 if p < 0 else depth[p] + 1
         return depth
 
+    def is_chain(self) -> bool:
+        return bool(np.array_equal(self.parents, np.arange(len(self)) - 1))
+
+    def first(self, n: int) -> DraftTree:
+        """Nodes 0..n-1 (a tree: parents precede children), indices unchanged."""
+        probs = self.draft_probs[:n] if self.draft_probs is not None else None
+        return DraftTree(self.token_ids[:n], self.parents[:n], probs)
+
     def truncated(self, depth: int) -> DraftTree:
         """The nodes at depth <= ``depth`` (node order kept, parents renumbered)."""
         keep = np.flatnonzero(self.depths() <= depth)
@@ -77,6 +85,23 @@ class DraftTree:
     def children(self, node: int) -> np.ndarray:
         """Indices of the children of ``node`` (``-1`` = root), in node order."""
         return np.flatnonzero(self.parents == node)
+
+
+# onnxruntime's CPU SGEMM sums attention over the keys in blocks of 128 cache slots (fused
+# multiply-adds inside a block, one rounding more where blocks meet). A chain window keeps every
+# key at the slot a single step gives it; a branching tree moves a path's keys to other slots, so
+# a row rounds like its single step only while the window's nodes share one block.
+KEY_BLOCK = 128
+
+
+def fit_window(tree: DraftTree, past: int) -> DraftTree:
+    """``tree`` as it may be verified after ``past`` cached slots (the root takes slot ``past``):
+    a branching tree keeps its first nodes up to the end of the key block of slot ``past + 1``
+    (at most once per KEY_BLOCK positions a tree is cut); chains are never cut."""
+    if not len(tree) or tree.is_chain():
+        return tree
+    room = KEY_BLOCK - (past + 1) % KEY_BLOCK
+    return tree if len(tree) <= room else tree.first(room)
 
 
 @dataclass(frozen=True, eq=False)
