@@ -257,7 +257,8 @@ class SpecModel:
 
         def keep() -> None:
             if backoff_key and loop.backoff is not None:
-                self.drafter_state[backoff_key] = loop.backoff
+                with self._factory_lock:  # forget_history iterates drafter_state under this lock
+                    self.drafter_state[backoff_key] = loop.backoff
 
         chunks = _run(loop, ids, lease, keep)
         weakref.finalize(chunks, lease.release)  # a stream dropped before its first chunk
