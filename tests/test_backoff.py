@@ -90,12 +90,30 @@ class Fixed:
         pass
 
 
+class LinearCost(VerifyCostModel):
+    """Window costs that do not depend on the machine's load: c(s) = 1 + 0.2 (s - 1)."""
+
+    def record(self, s: int, seconds: float) -> None:
+        pass
+
+    def estimate(self, s: int) -> float:
+        return 1.0 + 0.2 * (s - 1)
+
+
 @pytest.fixture(scope="module")
 def model(tiny_artifact):
     return specrt.load(tiny_artifact[0])
 
 
-def test_a_drafter_that_never_matches_is_never_verified_and_output_is_unchanged(model):
+@pytest.fixture
+def steady(model, monkeypatch):
+    """``model`` with fixed window costs, so the back-off's choices do not follow timing noise."""
+    monkeypatch.setattr(model, "verify_cost", LinearCost())
+    return model
+
+
+def test_a_drafter_that_never_matches_is_never_verified_and_output_is_unchanged(steady):
+    model = steady
     ids = model.encode(PROMPTS[0])
     base, _ = model.generate_ids(ids, method="baseline", max_new_tokens=30)
     wrong = Fixed([int(base.max()) + 1] * 4)  # a token the greedy continuation never emits
@@ -107,7 +125,8 @@ def test_a_drafter_that_never_matches_is_never_verified_and_output_is_unchanged(
     assert unguarded.stats.drafted > 0 and unguarded.stats.held_back == 0  # without it every draft is verified
 
 
-def test_a_drafter_that_matches_gets_verified_after_its_held_drafts_prove_it(model):
+def test_a_drafter_that_matches_gets_verified_after_its_held_drafts_prove_it(steady):
+    model = steady
     runs = [(ids, model.generate_ids(ids, method="baseline", max_new_tokens=30)[0])
             for ids in map(model.encode, PROMPTS)]
     ids, base = max(runs, key=lambda run: len(run[1]))  # the longest continuation (some stop at EOS early)
