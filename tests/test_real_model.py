@@ -38,7 +38,9 @@ def test_real_model_pld_chain_and_tree_equal_baseline(model):
         base = model.generate(prompt, chat=chat, method="baseline", max_new_tokens=32)
         assert len(base.token_ids) > 0
         for tree in (False, True):
-            spec = model.generate(prompt, chat=chat, method="pld", tree=tree, max_new_tokens=32)
+            spec = model.generate(prompt, chat=chat, method="pld", tree=tree, max_new_tokens=32, backoff=False)
             assert spec.token_ids == base.token_ids, (prompt, tree)
             accepted += spec.stats["accepted"]
+            guarded = model.generate(prompt, chat=chat, method="pld", tree=tree, max_new_tokens=32)  # back-off on
+            assert guarded.token_ids == base.token_ids, (prompt, tree, "backoff")
     assert accepted > 0  # copying prompts: prompt lookup must get some drafts accepted
