@@ -20,6 +20,7 @@ from torch import nn
 from transformers import PreTrainedModel
 from transformers.cache_utils import DynamicCache
 
+from pipeline.fuse_graph import fuse_for_ort
 from pipeline.grouped_attention import grouped_attention_of
 from specrt import contract
 from specrt.manifest import ModelDims
@@ -85,11 +86,13 @@ class DecoderForExport(nn.Module):
 
     def forward(self, input_ids, position_ids, attention_bias, *past):
         num_layers = len(past) // 2
-        past_len = past[0].shape[1]
         # runtime layout [1, t, kv, d] -> HF layout [1, kv, t, d]
         cache = DynamicCache(
             ddp_cache_data=[(past[2 * i].transpose(1, 2), past[2 * i + 1].transpose(1, 2)) for i in range(num_layers)]
         )
+        new_states: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # layer -> (key, value) [1, kv, s, d]
+        for i, layer in enumerate(cache.layers):
+            layer.update = _recording(layer.update, new_states, i)
         out = self.model.model(
             input_ids=input_ids,
             position_ids=position_ids,
@@ -101,10 +104,22 @@ class DecoderForExport(nn.Module):
         logits = self.model.lm_head(hidden)
         if self.softcap is not None:
             logits = torch.tanh(logits / self.softcap) * self.softcap
-        present = []
-        for layer in cache.layers:
-            present += [layer.keys[:, :, past_len:].transpose(1, 2), layer.values[:, :, past_len:].transpose(1, 2)]
+        if sorted(new_states) != list(range(num_layers)):
+            raise ValueError(f"{type(self.model).__name__}: expected every layer to add to the cache once, "
+                             f"got layers {sorted(new_states)}")
+        # the new positions as the layers computed them, not sliced back out of the concatenation
+        present = [state.transpose(1, 2) for i in range(num_layers) for state in new_states[i]]
         return (logits, *present, hidden)
+
+
+def _recording(update, into: dict[int, tuple[torch.Tensor, torch.Tensor]], index: int):
+    """``update`` of cache layer ``index`` that also keeps the key/value states it is given."""
+
+    def record(key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        into[index] = (key_states, value_states)
+        return update(key_states, value_states, *args, **kwargs)
+
+    return record
 
 
 def example_inputs(dims: ModelDims, s: int = 3, past: int = 5) -> tuple[torch.Tensor, ...]:
@@ -136,5 +151,6 @@ def export_onnx(model: PreTrainedModel, dims: ModelDims, path: Path, opset: int)
             dynamo=True,
             optimize=True,
         )
+    fuse_for_ort(program.model, contract.POSITION_IDS, dims.max_context)
     program.save(str(path), external_data=True)
     log.info("exported %s (%d inputs, %d outputs)", path, len(inputs), len(outputs))

@@ -62,13 +62,15 @@ def grouped_attention(
     q = query.reshape(batch, kv, g * s, d)  # head h = kv_index * g + j, as repeat_kv pairs them
     scores = torch.matmul(q, key.transpose(2, 3)) * scaling  # [1, kv, g*s, t]
     if attention_mask is not None:
-        bias = attention_mask[:, :, :, :t]  # [1, 1, s, t]
-        scores = (scores.reshape(batch, kv, g, s, t) + bias[:, :, None]).reshape(batch, kv, g * s, t)
+        # row j*s + i of q is query i of head j: the bias rows repeat g times (the same Tile in
+        # every layer, computed once after common-subexpression elimination)
+        scores = scores + attention_mask[:, :, :, :t].repeat(1, 1, g, 1)  # [1, 1, g*s, t]
     # softmax with its normaliser summed by the same product as the values: a vectorised row sum
     # would group terms by key slot, and a tree puts a path's keys in other slots than a chain
     e = torch.exp(scores - scores.amax(dim=-1, keepdim=True))  # [1, kv, g*s, t]; masked keys -> 0
-    ev = torch.matmul(e, torch.cat([value, torch.ones_like(value[..., :1])], dim=-1))  # [1, kv, g*s, d+1]
-    out = ev[..., :d] / ev[..., d:]  # [1, kv, g*s, d]
+    ev = torch.matmul(e, torch.nn.functional.pad(value, (0, 1), value=1.0))  # [1, kv, g*s, d+1]
+    numerator, normaliser = torch.split(ev, [d, 1], dim=-1)
+    out = numerator / normaliser  # [1, kv, g*s, d]
     return out.reshape(batch, heads, s, d).transpose(1, 2).contiguous(), None  # [1, s, heads, d]
 
 
