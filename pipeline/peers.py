@@ -20,9 +20,10 @@ Peers, each greedy, batch 1, on the CPU, with the same intra-op thread count as 
   ``prune_lm_head`` (the builder's default).
 - ``hf/fp32/plain`` and ``hf/fp32/prompt_lookup``: transformers ``generate`` (torch, fp32) on the HF
   checkpoint, plain and with ``prompt_lookup_num_tokens=N``, after ``torch.set_num_threads(threads)``.
-- ``specrt/<variant>/baseline`` and ``specrt/<variant>/pld`` when ``--artifact`` names one of our
-  artifacts: then the prompts are encoded by that artifact, and every peer's token match is
-  reported against specrt's plain decoding.
+- ``specrt/<variant>/baseline`` and ``specrt/<variant>/<method>`` for each of ``--methods``
+  (default ``pld``) when ``--artifact`` names one of our artifacts: then the prompts are encoded by
+  that artifact, and every peer's token match is reported against specrt's plain decoding. Each
+  prompt starts with no history (``forget_history``): no method learns from the others' prompts.
 
 Prompts are token ids: the first turns of Spec-Bench questions in the model's chat template
 (``model.encode(turn, chat=True)`` of the artifact, or else the HF tokenizer with the template
@@ -387,11 +388,13 @@ def run(
     prompt_lookup: int = 10,
     genai_ngram: dict[str, Any] | None = None,
     artifact: Path | None = None,
+    methods: Sequence[str] = ("pld",),
     hf: bool = True,
     rebuild: bool = False,
 ) -> dict[str, Any]:
     """Worker of the CLI: builds the genai models under ``build_dir/<precision>``, runs every peer
-    on the same prompt ids, and returns the report."""
+    on the same prompt ids, and returns the report. ``methods``: specrt's methods run on
+    ``artifact`` after its plain decoding (``baseline``, the reference of every token match)."""
     genai_ngram = dict(GENAI_NGRAM if genai_ngram is None else genai_ngram)
     questions = first_per_task(read_questions(questions_path), per_task)[:max_prompts]
     texts = [q.turns[0] for q in questions]
@@ -405,7 +408,7 @@ def run(
         prompts = [model.encode(t, chat=chat)[:max_prompt_tokens] for t in texts]
         eos = list(model.manifest.eos_token_ids)
         model.generate_ids(prompts[0], method="baseline", max_new_tokens=WARMUP_TOKENS)
-        for method in ("baseline", "pld"):
+        for method in ("baseline", *(m for m in methods if m != "baseline")):
             results = []
             for p in prompts:
                 model.forget_history()
@@ -485,6 +488,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--genai-max-draft-tokens", type=int, default=GENAI_NGRAM["max_draft_tokens"])
     parser.add_argument("--artifact", type=Path, help="a specrt artifact: encodes the prompts, runs specrt "
                         "baseline and pld beside the peers, and is the token-match reference")
+    parser.add_argument("--methods", nargs="*", default=["pld"],
+                        help="specrt methods run on --artifact besides its plain decoding (default: pld)")
     parser.add_argument("--no-hf", action="store_true", help="leave out the transformers peer")
     parser.add_argument("--rebuild", action="store_true", help="rebuild genai models even if built by the same command")
     parser.add_argument("--params", type=Path, help="params.yaml: its `peers` section sets the options above "
@@ -492,8 +497,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.params:
         section = yaml.safe_load(args.params.read_text())["peers"]
-        known = {"artifact", "precisions", "prompts_per_task", "max_prompts", "max_prompt_tokens", "max_new_tokens",
-                 "threads", "prompt_lookup", "genai_ngram_size", "genai_max_draft_tokens"}
+        known = {"artifact", "methods", "precisions", "prompts_per_task", "max_prompts", "max_prompt_tokens",
+                 "max_new_tokens", "threads", "prompt_lookup", "genai_ngram_size", "genai_max_draft_tokens"}
         if set(section) - known:
             parser.error(f"{args.params}: peers.{sorted(set(section) - known)[0]} is not an option "
                          f"(known: {', '.join(sorted(known))})")
@@ -507,7 +512,7 @@ def main(argv: list[str] | None = None) -> int:
             max_prompts=args.max_prompts, max_prompt_tokens=args.max_prompt_tokens,
             max_new_tokens=args.max_new_tokens, threads=args.threads, prompt_lookup=args.prompt_lookup,
             genai_ngram={"ngram_size": args.genai_ngram_size, "max_draft_tokens": args.genai_max_draft_tokens},
-            artifact=args.artifact, hf=not args.no_hf, rebuild=args.rebuild,
+            artifact=args.artifact, methods=args.methods, hf=not args.no_hf, rebuild=args.rebuild,
         )
     write_text_atomic(args.out, json.dumps(report, indent=2) + "\n")
     if args.metrics:

@@ -176,3 +176,16 @@ def test_params_file_sets_the_options_and_refuses_unknown_ones(tmp_path, monkeyp
     params.write_text("peers: {max_new_token: 7}\n")
     with pytest.raises(SystemExit):
         peers.main(argv)
+
+
+def test_our_methods_run_after_plain_decoding_and_match_it(tiny_artifact, tmp_path):
+    from tests.tiny import specbench_questions
+
+    folder, _ = tiny_artifact
+    questions = specbench_questions(tmp_path / "question.jsonl")
+    report = peers.run(tmp_path / "no-hf", questions, tmp_path / "builds", precisions=(), max_prompts=2,
+                       max_new_tokens=12, threads=1, artifact=folder, methods=("suffix_decoding", "pld"), hf=False)
+    variant = json.loads((folder / "manifest.json").read_text())["variant"]
+    names = [r["name"] for r in report["runs"]]
+    assert names == [f"specrt/{variant}/{m}" for m in ("baseline", "suffix_decoding", "pld")]
+    assert [r["token_match"] for r in report["runs"]] == [1.0, 1.0, 1.0]
