@@ -1,28 +1,30 @@
 """Fewer, larger operators in the exported decoder graph, for onnxruntime's CPU provider.
 
-On a 0.5B model a decode step is ~1,900 small operators besides the weight products, and each
-costs onnxruntime a few microseconds of dispatch whatever its size. Two rewrites of the fp32
-graph (before quantization, so the quantizers see the final weights):
+On a 0.5B model a decode step was ~1,900 operators, most of them tiny, and each costs
+onnxruntime a few microseconds of dispatch whatever its size. Three rewrites of the fp32 graph
+(before quantization, so the quantizers see the final weights):
 
     RMSNorm  Pow-ReduceMean-Add-Sqrt-Reciprocal-Mul-Mul ──► SimplifiedLayerNormalization
     residual Add + RMSNorm                              ──► SkipSimplifiedLayerNormalization
              (onnxscript's ORT fusions; onnxruntime's own optimizer does not match the
               Reciprocal form that torch's rsqrt exports)
 
-    sibling projections  MatMul(x, Wq), MatMul(x, Wk), MatMul(x, Wv)
-                         ──► Split(MatMul(x, [Wq | Wk | Wv]))          (q/k/v, gate/up)
+    sibling projections  MatMul(x, Wq) + bq, MatMul(x, Wk) + bk, MatMul(x, Wv) + bv
+                         ──► Split(MatMul(x, [Wq | Wk | Wv]) + [bq | bk | bv])   (q/k/v, gate/up)
 
     rotary (RoPE, rotate-half form)
              x * cos + Concat(-x[..., h:], x[..., :h]) * sin   (cos, sin: functions of position_ids)
                          ──► com.microsoft.RotaryEmbedding(x, position_ids, cos_cache, sin_cache)
-             the caches are the graph's own cos/sin evaluated by onnxruntime at positions
-             0 .. max_positions-1, so a position gets the values it got before, bit for bit
+             the caches are the graph's own cos/sin subgraph, run by onnxruntime once at export
+             for positions 0 .. max_positions-1: every pass then reads a position's row of one
+             table, whatever the window
 
 All keep every output row a function of its own input row only (a norm reduces over the hidden
 axis; a column of the concatenated product is the same dot product over K as before, and block
 quantization runs along K per column; a rotary row reads its own position's cache row), so a
 verify window still gives each row the bits of a single step; the quantize stage's gate checks
-that on the real graph.
+that on the real graph. Common-subexpression elimination first merges the layers' identical
+subgraphs (the grouped attention's tiled bias is built once).
 """
 
 from __future__ import annotations
