@@ -487,7 +487,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--genai-ngram-size", type=int, default=GENAI_NGRAM["ngram_size"])
     parser.add_argument("--genai-max-draft-tokens", type=int, default=GENAI_NGRAM["max_draft_tokens"])
     parser.add_argument("--artifact", type=Path, help="a specrt artifact: encodes the prompts, runs specrt "
-                        "baseline and pld beside the peers, and is the token-match reference")
+                        "baseline and --methods beside the peers, and is the token-match reference")
     parser.add_argument("--methods", nargs="*", default=["pld"],
                         help="specrt methods run on --artifact besides its plain decoding (default: pld)")
     parser.add_argument("--no-hf", action="store_true", help="leave out the transformers peer")
