@@ -36,6 +36,7 @@ from dataclasses import dataclass
 import numpy as np
 import onnx_ir as ir
 import onnx_ir.passes.common  # noqa: F401  (ir.passes.common)
+import onnxruntime as ort
 from onnxscript.rewriter.ort_fusions.rms_normalization import fuse_rms_normalization
 from onnxscript.rewriter.ort_fusions.skip_normalization import fuse_skip_rms_normalization
 
@@ -73,19 +74,17 @@ def concat_sibling_matmuls(model: ir.Model) -> int:
     """Replace MatMuls that read the same activation with constant weights of the same K by one
     MatMul over the concatenated weights and a Split; returns the number of groups fused."""
     graph = model.graph
-    groups: dict[int, list[ir.Node]] = {}
+    groups: dict[int, list[tuple[ir.Node, np.ndarray]]] = {}  # activation -> its MatMuls and their weights
     for node in graph:  # graph order: a group's first node comes first
         if node.op_type == "MatMul" and node.domain == "" and node.inputs[0] is not None:
-            if _constant_weight(node) is not None:
-                groups.setdefault(id(node.inputs[0]), []).append(node)
+            weight = _constant_weight(node)
+            if weight is not None:
+                groups.setdefault(id(node.inputs[0]), []).append((node, weight))
     fused = 0
-    for nodes in groups.values():
-        if len(nodes) < 2:
+    for group in groups.values():
+        if len(group) < 2 or len({w.shape[0] for _, w in group}) != 1:
             continue
-        weights = [_constant_weight(n) for n in nodes]
-        if len({w.shape[0] for w in weights}) != 1:  # type: ignore[union-attr]
-            continue
-        _fuse_group(graph, nodes, weights)  # type: ignore[arg-type]
+        _fuse_group(graph, [n for n, _ in group], [w for _, w in group])
         fused += 1
     return fused
 
@@ -217,8 +216,6 @@ def _evaluate(graph: ir.Graph, position_ids: ir.Value, outputs: Sequence[ir.Valu
               positions: np.ndarray) -> list[np.ndarray]:
     """``outputs`` computed by onnxruntime from ``position_ids = positions`` alone (the
     subgraph between them; ValueError if they need any other graph input)."""
-    import onnxruntime as ort
-
     sub = ir.convenience.extract(graph, [position_ids], list(outputs))
     model = ir.Model(sub, ir_version=10)
     session = ort.InferenceSession(ir.to_proto(model).SerializeToString(), providers=["CPUExecutionProvider"])
