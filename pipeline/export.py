@@ -24,13 +24,14 @@ from typing import Any
 import numpy as np
 import torch
 import yaml
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from specrt import contract
 from specrt.backend import OrtDecoder
 from specrt.manifest import MANIFEST_NAME, ChatTemplate, Manifest, file_entry
 
 from .atomic import staged_dir, write_text_atomic
+from .checkpoint import load_causal_lm
 from .decoder_graph import export_onnx, model_dims
 from .parity import check_parity
 from .spec_gate import gate_from_params
@@ -212,7 +213,7 @@ def run(
     """Worker of the stage: returns the report written next to the artifact."""
     torch.manual_seed(0)
     t0 = time.perf_counter()
-    model = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32)
+    model = load_causal_lm(hf_dir)
     tokenizer = AutoTokenizer.from_pretrained(hf_dir)
     load_s = time.perf_counter() - t0
     chat = chat_template(tokenizer)
@@ -250,7 +251,9 @@ def run(
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--hf", type=Path, required=True, help="Hugging Face checkpoint folder (weights stage)")
+    parser.add_argument("--hf", type=Path, required=True,
+                        help="Hugging Face checkpoint folder (weights stage; its weights may be the GGUF "
+                        "its gguf.json points to)")
     parser.add_argument("--out", type=Path, required=True, help="artifact folder to write")
     parser.add_argument("--name", required=True, help="model name (a key of params.yaml's catalog)")
     parser.add_argument("--parity-text", type=Path, required=True, help="Spec-Bench question.jsonl")

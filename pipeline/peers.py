@@ -47,6 +47,7 @@ first ``generate_next_token`` samples from the prefill logits only: its n-gram r
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
@@ -64,6 +65,7 @@ import yaml
 
 from .atomic import staged_dir, write_text_atomic
 from .bench import matched_prefix
+from .checkpoint import full_checkpoint, load_causal_lm
 from .specbench import first_per_task, read_questions
 
 log = logging.getLogger(__name__)
@@ -102,14 +104,17 @@ def builder_command(hf_dir: Path, out_dir: Path, precision: str, extra_options: 
 
 
 def build_genai(
-    hf_dir: Path, out_dir: Path, precision: str, extra_options: dict[str, str] | None = None, *, reuse: bool = True
+    hf_dir: Path, out_dir: Path, precision: str, extra_options: dict[str, str] | None = None, *, reuse: bool = True,
+    checkpoint: Path | None = None,
 ) -> dict[str, Any]:
     """Build ``hf_dir`` with onnxruntime-genai's model builder into ``out_dir`` (written whole or
     not at all), and return the build record: the command, seconds, bytes of the folder.
 
     ``extra_options`` default: :data:`GENAI_INT4_OPTIONS` for int4, none for fp32. With ``reuse``,
     a folder built by the same command, builder version and checkpoint files (sizes, mtimes) is
-    kept (its record comes back with ``reused``)."""
+    kept (its record comes back with ``reused``). ``checkpoint``: ``hf_dir`` with its weights as
+    safetensors, which the builder reads (default: a temporary one from
+    :func:`pipeline.checkpoint.full_checkpoint`, or ``hf_dir`` itself when it has them)."""
     if precision not in GENAI_PRECISIONS:
         raise ValueError(f"precision must be one of {GENAI_PRECISIONS}, got {precision!r}")
     if extra_options is None:
@@ -128,8 +133,13 @@ def build_genai(
             log.info("reusing %s (built by the same command from the same checkpoint files)", out_dir)
             return {**record, "reused": True}
 
-    with staged_dir(out_dir) as stage, tempfile.TemporaryDirectory(dir=out_dir.parent) as cache:
-        cmd = builder_command(hf_dir, stage, precision, extra_options, Path(cache))
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    with contextlib.ExitStack() as stack:
+        if checkpoint is None:
+            checkpoint = stack.enter_context(full_checkpoint(hf_dir, scratch=out_dir.parent))
+        stage = stack.enter_context(staged_dir(out_dir))
+        cache = stack.enter_context(tempfile.TemporaryDirectory(dir=out_dir.parent))
+        cmd = builder_command(Path(checkpoint).resolve(), stage, precision, extra_options, Path(cache))
         log.info("building: %s", shlex.join(shown))
         t0 = time.perf_counter()
         with open(stage / "build.log", "w", encoding="utf-8") as build_log:
@@ -264,12 +274,11 @@ def run_hf(
     prompt-lookup decoding (``prompt_lookup_num_tokens=N``). ``model``: an already loaded
     ``AutoModelForCausalLM`` of ``hf_dir`` (spares a second load)."""
     import torch
-    from transformers import AutoModelForCausalLM
 
     if threads is not None:
         torch.set_num_threads(threads)
     if model is None:
-        model = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32).eval()
+        model = load_causal_lm(hf_dir)
     eos = list(eos_token_ids) if eos_token_ids is not None else model.generation_config.eos_token_id
     eos_list = eos if isinstance(eos, list) else [eos]
     options: dict[str, Any] = dict(do_sample=False, eos_token_id=eos_list, pad_token_id=eos_list[0])
@@ -421,18 +430,22 @@ def run(
         prompts, eos = hf_prompts(hf_dir, texts, max_prompt_tokens)
 
     builds = {}
+    if precisions:
+        # One full checkpoint for every build (a temporary one when hf_dir's weights are a GGUF),
+        # removed before the runs start.
+        Path(build_dir).mkdir(parents=True, exist_ok=True)
+        with full_checkpoint(hf_dir, scratch=Path(build_dir)) as checkpoint:
+            for precision in precisions:
+                builds[precision] = build_genai(hf_dir, Path(build_dir) / precision, precision, reuse=not rebuild,
+                                                checkpoint=checkpoint)
     for precision in precisions:
-        builds[precision] = build_genai(hf_dir, Path(build_dir) / precision, precision, reuse=not rebuild)
         model_dir = Path(build_dir) / precision
         runs.append(run_genai(model_dir, prompts, max_new_tokens, threads, eos_token_ids=eos,
                               name=f"ort-genai/{precision}/plain"))
         runs.append(run_genai(model_dir, prompts, max_new_tokens, threads, eos_token_ids=eos,
                               speculative=genai_ngram, name=f"ort-genai/{precision}/ngram"))
     if hf:
-        import torch
-        from transformers import AutoModelForCausalLM
-
-        model = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32).eval()
+        model = load_causal_lm(hf_dir)
         for lookup in (None, prompt_lookup) if prompt_lookup else (None,):
             runs.append(run_hf(hf_dir, prompts, max_new_tokens, threads, lookup, eos_token_ids=eos, model=model))
         del model

@@ -12,11 +12,12 @@ import pytest
 pytest.importorskip("onnxruntime_genai", reason="onnxruntime-genai is not installed (pip install onnxruntime-genai)")
 
 import onnx  # noqa: E402
+import torch  # noqa: E402
 import yaml  # noqa: E402
-from transformers import PreTrainedTokenizerFast  # noqa: E402
+from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast  # noqa: E402
 
-from pipeline import peers  # noqa: E402
-from tests.tiny import EOS, PROMPTS, memorize, tiny_model, tiny_tokenizer  # noqa: E402
+from pipeline import checkpoint, peers, weights  # noqa: E402
+from tests.tiny import EOS, PROMPTS, memorize, tiny_gguf, tiny_model, tiny_tokenizer  # noqa: E402
 
 NEW_TOKENS = 24
 
@@ -106,11 +107,37 @@ def test_build_is_reused_when_the_command_is_the_same(tiny_hf, tmp_path):
 
 
 def test_failed_build_leaves_no_folder(tmp_path):
-    (tmp_path / "empty").mkdir()
+    (tmp_path / "broken").mkdir()
+    (tmp_path / "broken" / "model.safetensors").write_bytes(b"not a checkpoint")
     with pytest.raises(RuntimeError, match="builder exited"):
-        peers.build_genai(tmp_path / "empty", tmp_path / "out", "fp32")
+        peers.build_genai(tmp_path / "broken", tmp_path / "out", "fp32")
     assert not (tmp_path / "out").exists()
-    assert [p.name for p in tmp_path.iterdir()] == ["empty"]  # no stage or cache left behind
+    assert [p.name for p in tmp_path.iterdir()] == ["broken"]  # no stage or cache left behind
+
+
+def test_a_folder_without_weights_or_gguf_pointer_fails_before_building(tmp_path):
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(FileNotFoundError, match=r"empty holds neither weights .* nor gguf.json"):
+        peers.build_genai(tmp_path / "empty", tmp_path / "out", "fp32")
+    assert [p.name for p in tmp_path.iterdir()] == ["empty"]
+
+
+def test_genai_builds_a_checkpoint_whose_weights_are_a_gguf(tiny_hf, hf_plain, tmp_path):
+    # The weights stage's folder keeps no float32 weights, only gguf.json -> the GGUF: the builder
+    # gets a temporary full checkpoint, removed after the build.
+    hf_dir, prompts = tiny_hf
+    model = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32)
+    (tmp_path / "gguf").mkdir()
+    gguf_path = tiny_gguf(model, hf_dir.parent / "tokenizer.json", tmp_path / "gguf" / "tiny.gguf")
+    weights.convert(gguf_path, weights.sha256_file(gguf_path), tmp_path / "hf", PROMPTS[0], 4)
+    assert not checkpoint.has_weights(tmp_path / "hf")
+
+    build = peers.build_genai(tmp_path / "hf", tmp_path / "builds" / "fp32", "fp32")
+    assert "gguf.json" in build["source"] and "model.safetensors" not in build["source"]
+    assert [p.name for p in (tmp_path / "builds").iterdir()] == ["fp32"]  # the checkpoint is gone
+    plain = peers.run_genai(tmp_path / "builds" / "fp32", prompts, NEW_TOKENS, threads=1)
+    assert plain["ids"] == hf_plain["ids"]
+    assert peers.run_hf(tmp_path / "hf", prompts, NEW_TOKENS, threads=1)["ids"] == hf_plain["ids"]
 
 
 def test_unknown_precision_fails_early(tmp_path):

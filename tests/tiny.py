@@ -110,6 +110,57 @@ def build_tiny_artifact(arch: str, out: Path) -> tuple[Path, torch.nn.Module]:
     return out, model
 
 
+# Hugging Face Qwen2 parameter names -> GGUF tensor names (llama.cpp's convention).
+GGUF_QWEN2_NAMES = {"model.embed_tokens": "token_embd", "model.norm": "output_norm", "lm_head": "output"}
+GGUF_QWEN2_LAYER_NAMES = {
+    "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
+    "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
+    "mlp.down_proj": "ffn_down", "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm",
+}
+
+
+def tiny_gguf(model: torch.nn.Module, tokenizer_json: Path, path: Path) -> Path:
+    """Write a Qwen2 ``model`` (float32 tensors) and its byte-level BPE ``tokenizer_json`` as a GGUF
+    that transformers loads back (``gguf_file=``) to the same logits and token ids."""
+    import gguf
+
+    config = model.config
+    writer = gguf.GGUFWriter(str(path), "qwen2")
+    writer.add_context_length(config.max_position_embeddings)
+    writer.add_embedding_length(config.hidden_size)
+    writer.add_block_count(config.num_hidden_layers)
+    writer.add_feed_forward_length(config.intermediate_size)
+    writer.add_head_count(config.num_attention_heads)
+    writer.add_head_count_kv(config.num_key_value_heads)
+    writer.add_rope_freq_base(float(config.rope_parameters["rope_theta"]))
+    writer.add_layer_norm_rms_eps(config.rms_norm_eps)
+    writer.add_file_type(gguf.LlamaFileType.ALL_F32)
+    bpe = json.loads(Path(tokenizer_json).read_text())["model"]
+    tokens = sorted(bpe["vocab"], key=bpe["vocab"].get)
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre("qwen2")
+    writer.add_token_list(tokens)
+    writer.add_token_types([gguf.TokenType.CONTROL if t == EOS else gguf.TokenType.NORMAL for t in tokens])
+    writer.add_token_merges([m if isinstance(m, str) else " ".join(m) for m in bpe["merges"]])
+    writer.add_eos_token_id(bpe["vocab"][EOS])
+    writer.add_add_bos_token(False)
+    for name, tensor in model.state_dict().items():
+        module, kind = name.rsplit(".", 1)
+        if module == "lm_head" and config.tie_word_embeddings:
+            continue
+        if module.startswith("model.layers."):
+            layer, sub = module[len("model.layers."):].split(".", 1)
+            gguf_name = f"blk.{layer}.{GGUF_QWEN2_LAYER_NAMES[sub]}.{kind}"
+        else:
+            gguf_name = f"{GGUF_QWEN2_NAMES[module]}.{kind}"
+        writer.add_tensor(gguf_name, tensor.detach().float().numpy().copy())
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
 def specbench_questions(path: Path) -> Path:
     """A Spec-Bench question.jsonl at ``path``: one row per task (MT-bench as "writing"), turns from PROMPTS."""
     tasks = ["writing", "translation", "summarization", "qa", "math_reasoning", "rag"]
