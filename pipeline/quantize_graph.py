@@ -4,7 +4,9 @@
                       ──body MatMuls──────► MatMulNBits(bits, block_size)      (int4 / int8)
                       ──lm_head───────────► MatMulNBits(lm_head_bits) | fp32
                       ──embedding Gather──► GatherBlockQuantized(embedding_bits) | fp32
-    or, for ``method: dynamic``: every constant-weight MatMul -> MatMulInteger (quantize_dynamic).
+    or, for ``method: dynamic``: every constant-weight MatMul -> MatMulInteger (quantize_dynamic);
+    or, for ``method: w8a8``: every constant-weight MatMul -> per-token int8 activations x per-channel
+    int8 weights, MatMulInteger (pipeline/w8a8.py): integer sums, so a row never depends on the window.
 
 The lm_head is found as the MatMul that produces the contract's ``logits`` output. A tied
 embedding reaches it as ``MatMul(h, Transpose(E))``, which neither quantizer touches: it is folded
@@ -24,7 +26,7 @@ from onnx import external_data_helper, numpy_helper
 
 log = logging.getLogger(__name__)
 
-METHODS = ("matmul_nbits", "dynamic")
+METHODS = ("matmul_nbits", "dynamic", "w8a8")
 ONNX_IR_VERSION = 10  # onnxruntime 1.32 reads IR <= 13; the export writes 10
 
 
@@ -32,13 +34,14 @@ ONNX_IR_VERSION = 10  # onnxruntime 1.32 reads IR <= 13; the export writes 10
 class QuantConfig:
     """One variant's settings (``params.yaml: quantize.variants.<name>``)."""
 
-    method: str  # "matmul_nbits" (weight-only MatMulNBits) or "dynamic" (quantize_dynamic, int8 MatMulInteger)
+    method: str  # "matmul_nbits" (weight-only MatMulNBits), "dynamic" (quantize_dynamic) or "w8a8" (pipeline/w8a8.py)
     bits: int = 4  # body MatMuls (matmul_nbits)
     block_size: int = 32  # weights per scale along K (matmul_nbits)
     symmetric: bool = True  # no zero points (matmul_nbits)
     accuracy_level: int = 0  # MatMulNBits compute type: 0 = fp32 activations, 4 = int8 activations
     lm_head_bits: int | None = 8  # None keeps the lm_head fp32
     embedding_bits: int | None = None  # 4: GatherBlockQuantized; None keeps the embedding Gather fp32
+    reduce_range: bool = True  # w8a8: 7-bit weights, so AVX2's u8 x s8 pair sums never saturate 16 bits
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
@@ -53,9 +56,10 @@ class QuantConfig:
             raise ValueError(f"quantize block_size must be a power of two >= 16, got {self.block_size}")
         if self.accuracy_level not in (0, 1, 2, 3, 4):
             raise ValueError(f"quantize accuracy_level must be 0..4, got {self.accuracy_level}")
-        if self.method == "dynamic" and (self.bits != 8 or self.lm_head_bits not in (8, None) or self.embedding_bits):
-            raise ValueError("quantize method 'dynamic' is int8 MatMuls only: bits 8, lm_head_bits 8 or null, "
-                             "embedding_bits null")
+        int8_only = self.method in ("dynamic", "w8a8")
+        if int8_only and (self.bits != 8 or self.lm_head_bits not in (8, None) or self.embedding_bits):
+            raise ValueError(f"quantize method {self.method!r} is int8 MatMuls only: bits 8, lm_head_bits 8 or "
+                             "null, embedding_bits null")
 
 
 def _producers(graph: onnx.GraphProto) -> dict[str, onnx.NodeProto]:
@@ -118,6 +122,11 @@ def quantize_model(model: onnx.ModelProto, config: QuantConfig) -> onnx.ModelPro
     head = lm_head_node(model.graph).name
     if config.method == "dynamic":
         return _dynamic(model, config, head)
+    if config.method == "w8a8":
+        from .w8a8 import quantize_w8a8
+
+        return quantize_w8a8(model, exclude=[] if config.lm_head_bits is not None else [head],
+                             reduce_range=config.reduce_range)
     matmuls = [n.name for n in model.graph.node if n.op_type == "MatMul"]
     model = _weight_only(model, config.bits, config, exclude=[head], op_types=("MatMul",))
     if config.lm_head_bits is not None:

@@ -10,7 +10,7 @@ from onnx import numpy_helper
 import specrt
 from pipeline.lossless import compare_methods
 from pipeline.quantize import quantize_artifact
-from pipeline.quantize_graph import QuantConfig, fold_tied_lm_head, lm_head_node
+from pipeline.quantize_graph import QuantConfig, fold_tied_lm_head, lm_head_node, quantize_model
 from pipeline.spec_gate import reference_run, run_gate
 from specrt.backend import OrtDecoder
 from tests.tiny import PROMPTS, specbench_questions
@@ -170,10 +170,34 @@ def test_load_model_reads_weights_that_have_several_hard_links(tiny_artifact, tm
     assert loaded.keys() == expected.keys() and all(np.array_equal(loaded[k], expected[k]) for k in expected)
 
 
-def test_level4_int4_windows_give_single_step_logits_bit_for_bit(tiny_artifact, tmp_path):
-    # grouped attention keeps every op row-wise with M >= 2 and MatMulNBits level 4 quantizes per
-    # row, so a position's logits do not depend on the window, chain or tree (trees kept inside one
-    # key block by specrt.tree.fit_window; the long prompt makes windows cross slot 128)
+def _matmul_nbits_row_invariant() -> bool:
+    """Whether this CPU's MatMulNBits (4-bit, level 4) gives a row the same bits alone as in a pair.
+    onnxruntime's MLAS picks a one-row kernel for M = 1; on AVX-512 machines it agreed with the
+    M >= 2 kernel bit for bit, on AVX2-only ones (AMD EPYC Zen 3, 2026-12-01) it differs by ~1e-6."""
+    import onnxruntime as ort
+    from onnx import TensorProto, helper
+
+    rng = np.random.default_rng(0)
+    weight = (rng.standard_normal((256, 256)) * 0.02).astype(np.float32)
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["logits"], name="proj")], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, "s", 256])],
+                              [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [1, "s", 256])],
+                              [numpy_helper.from_array(weight, "w")])
+    config = QuantConfig(method="matmul_nbits", bits=4, accuracy_level=4, lm_head_bits=4)  # the one MatMul: "lm_head"
+    model = quantize_model(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20)]), config)
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    x = rng.standard_normal((1, 2, 256)).astype(np.float32)
+    alone, paired = session.run(None, {"x": x[:, :1]})[0], session.run(None, {"x": x})[0]
+    return bool(np.array_equal(alone[0, 0], paired[0, 0]))
+
+
+def test_level4_int4_gate_measures_what_the_cpu_kernels_do(tiny_artifact, tmp_path):
+    # grouped attention keeps every attention product at M >= 2 and every other op row-wise, so a
+    # position's logits differ between a window and a single step only where MatMulNBits's one-row
+    # kernel rounds differently from its many-row one: bit for bit equal where the kernels agree
+    # (chains and trees; trees kept inside one key block by specrt.tree.fit_window; the long prompt
+    # makes windows cross slot 128), and a difference the gate records where they do not (the w8a8
+    # variant is exact on every CPU: tests/test_w8a8.py)
     src = tiny_artifact[0]
     model = specrt.load(src)
     long = np.concatenate([model.encode(p) for p in PROMPTS * 4])[:118]
@@ -183,6 +207,9 @@ def test_level4_int4_windows_give_single_step_logits_bit_for_bit(tiny_artifact, 
     report = quantize_artifact(src, tmp_path / "int4", "int4", INT4, prompts, {**GATE, "widths": [4, 8]},
                                bench_steps=2)
     gate = specrt.load(tmp_path / "int4").manifest.checks["gate"]
-    assert report["spec_safe"] and gate["positions"] > 0
-    assert gate["max_logit_diff"] == 0.0, gate["modes"]
+    assert gate["positions"] > 0 and report["spec_safe"] == (gate["disagreements"] == 0)
     assert {m["mode"] for m in gate["modes"]} == {"chain", "tree"}
+    if _matmul_nbits_row_invariant():
+        assert report["spec_safe"] and gate["max_logit_diff"] == 0.0, gate["modes"]
+    else:
+        assert gate["max_logit_diff"] > 0.0, gate["modes"]
