@@ -1,9 +1,9 @@
 """Stage ``benchmark``: Spec-Bench, every registered method, chain and tree, against plain decoding.
 
     python -m pipeline.benchmark --model artifacts/M/int4 --hf artifacts/M/hf --datastore artifacts/M/datastore \\
-        --prompts ../shared/data/specbench/question.jsonl --params params.yaml --metrics artifacts/M/benchmark.json \\
-        --csv artifacts/M/benchmark/results.csv --table artifacts/M/benchmark/results.md \\
-        --plots artifacts/M/plots/benchmark
+        --prompts ../shared/data/specbench/question.jsonl --params params.yaml \\
+        --metrics artifacts/M/benchmark-int4.json --csv artifacts/M/benchmark-int4/results.csv \\
+        --table artifacts/M/benchmark-int4/results.md --plots artifacts/M/plots/benchmark-int4
 
 Prompts: the first ``benchmark.prompts_per_task`` questions of each of the 6 Spec-Bench tasks (80
 per task is the full benchmark). Multi-turn rows (MT-bench) run turn by turn: turn k's prompt is

@@ -115,15 +115,17 @@ def load_causal_lm(hf_dir: Path) -> Any:
 
 
 @contextlib.contextmanager
-def full_checkpoint(hf_dir: Path, scratch: Path | None = None) -> Iterator[Path]:
+def full_checkpoint(hf_dir: Path, scratch: Path | None = None, model: Any = None) -> Iterator[Path]:
     """Yield a folder with ``hf_dir``'s files and its weights as safetensors: ``hf_dir`` itself
     when it has weights, else a temporary folder under ``scratch`` (default: the system's), which
-    is removed on exit."""
+    is removed on exit. ``model``: ``hf_dir``'s model as :func:`load_causal_lm` gives it, when the
+    caller has it loaded already (spares a second load)."""
     hf_dir = Path(hf_dir)
     if has_weights(hf_dir):
         yield hf_dir
         return
-    model = load_causal_lm(hf_dir)
+    if model is None:
+        model = load_causal_lm(hf_dir)
     with tempfile.TemporaryDirectory(prefix="specrt-checkpoint-", dir=scratch) as tmp:
         out = Path(tmp)
         for f in sorted(hf_dir.iterdir()):

@@ -17,7 +17,9 @@ repeating K and V):
 
 Both products have M = g*s >= 2 in every pass; a window's extra keys are masked, so they add
 exact zeros; every other op is row-wise, and the MatMulNBits kernels at level 4 quantize per row.
-So a chain window gives each row the bits of a single step. Trees need one more rule:
+So a chain window gives each row the bits of a single step wherever the weight MatMuls' one-row
+kernel rounds like their many-row kernel: on the AVX-512 machines we measured, not on AVX2-only
+ones, where only the W8A8 variant's integer MatMuls are exact (docs/quantization.md). Trees need one more rule:
 onnxruntime's SGEMM sums the keys in blocks of 128 (fused multiply-adds inside a block, one rounding
 more where blocks meet), and a tree puts a path's keys at other slots than the single steps do, so
 the runtime keeps a tree window's nodes inside one key block (``specrt.tree.fit_window``: at most

@@ -65,7 +65,7 @@ import yaml
 
 from .atomic import staged_dir, write_text_atomic
 from .bench import matched_prefix
-from .checkpoint import full_checkpoint, load_causal_lm
+from .checkpoint import full_checkpoint, has_weights, load_causal_lm
 from .specbench import first_per_task, read_questions
 
 log = logging.getLogger(__name__)
@@ -103,6 +103,31 @@ def builder_command(hf_dir: Path, out_dir: Path, precision: str, extra_options: 
     return cmd
 
 
+def _source_files(hf_dir: Path) -> dict[str, list[int]]:
+    """The checkpoint folder's files: name -> [bytes, mtime_ns]; a change means a rebuild."""
+    return {p.name: [p.stat().st_size, p.stat().st_mtime_ns] for p in sorted(hf_dir.iterdir()) if p.is_file()}
+
+
+def reusable_build(
+    hf_dir: Path, out_dir: Path, precision: str, extra_options: dict[str, str] | None = None
+) -> dict[str, Any] | None:
+    """The build record of ``out_dir`` if :func:`build_genai` would keep it (built by the same
+    command, builder version and checkpoint files), else None."""
+    import onnxruntime_genai as og
+
+    if extra_options is None:
+        extra_options = dict(GENAI_INT4_OPTIONS) if precision == "int4" else {}
+    hf_dir, out_dir = Path(hf_dir).resolve(), Path(out_dir).resolve()
+    record_path = out_dir / BUILD_RECORD
+    if not record_path.exists():
+        return None
+    record = json.loads(record_path.read_text())
+    shown = builder_command(hf_dir, out_dir, precision, extra_options, Path("<tmp>"))
+    same = (record.get("command"), record.get("source"), record.get("onnxruntime_genai")) == (
+        shown[1:], _source_files(hf_dir), og.__version__)
+    return record if same else None
+
+
 def build_genai(
     hf_dir: Path, out_dir: Path, precision: str, extra_options: dict[str, str] | None = None, *, reuse: bool = True,
     checkpoint: Path | None = None,
@@ -123,15 +148,10 @@ def build_genai(
 
     hf_dir, out_dir = Path(hf_dir).resolve(), Path(out_dir).resolve()
     shown = builder_command(hf_dir, out_dir, precision, extra_options, Path("<tmp>"))
-    source = {p.name: [p.stat().st_size, p.stat().st_mtime_ns] for p in sorted(hf_dir.iterdir()) if p.is_file()}
-    record_path = out_dir / BUILD_RECORD
-    if reuse and record_path.exists():
-        record = json.loads(record_path.read_text())
-        if (record.get("command"), record.get("source"), record.get("onnxruntime_genai")) == (
-            shown[1:], source, og.__version__
-        ):
-            log.info("reusing %s (built by the same command from the same checkpoint files)", out_dir)
-            return {**record, "reused": True}
+    source = _source_files(hf_dir)
+    if reuse and (record := reusable_build(hf_dir, out_dir, precision, extra_options)) is not None:
+        log.info("reusing %s (built by the same command from the same checkpoint files)", out_dir)
+        return {**record, "reused": True}
 
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     with contextlib.ExitStack() as stack:
@@ -430,14 +450,23 @@ def run(
         prompts, eos = hf_prompts(hf_dir, texts, max_prompt_tokens)
 
     builds = {}
-    if precisions:
+    torch_model = None  # hf_dir's model, loaded once for the builder's checkpoint and the transformers runs
+    to_build = [p for p in precisions if rebuild or reusable_build(hf_dir, Path(build_dir) / p, p) is None]
+    if to_build:
         # One full checkpoint for every build (a temporary one when hf_dir's weights are a GGUF),
         # removed before the runs start.
         Path(build_dir).mkdir(parents=True, exist_ok=True)
-        with full_checkpoint(hf_dir, scratch=Path(build_dir)) as checkpoint:
-            for precision in precisions:
-                builds[precision] = build_genai(hf_dir, Path(build_dir) / precision, precision, reuse=not rebuild,
+        if hf and not has_weights(hf_dir):
+            torch_model = load_causal_lm(hf_dir)
+        with full_checkpoint(hf_dir, scratch=Path(build_dir), model=torch_model) as checkpoint:
+            for precision in to_build:
+                builds[precision] = build_genai(hf_dir, Path(build_dir) / precision, precision, reuse=False,
                                                 checkpoint=checkpoint)
+    for precision in precisions:
+        if precision not in builds:
+            log.info("reusing %s (built by the same command from the same checkpoint files)",
+                     Path(build_dir) / precision)
+            builds[precision] = {**reusable_build(hf_dir, Path(build_dir) / precision, precision), "reused": True}
     for precision in precisions:
         model_dir = Path(build_dir) / precision
         runs.append(run_genai(model_dir, prompts, max_new_tokens, threads, eos_token_ids=eos,
@@ -445,7 +474,8 @@ def run(
         runs.append(run_genai(model_dir, prompts, max_new_tokens, threads, eos_token_ids=eos,
                               speculative=genai_ngram, name=f"ort-genai/{precision}/ngram"))
     if hf:
-        model = load_causal_lm(hf_dir)
+        model = torch_model if torch_model is not None else load_causal_lm(hf_dir)
+        torch_model = None
         for lookup in (None, prompt_lookup) if prompt_lookup else (None,):
             runs.append(run_hf(hf_dir, prompts, max_new_tokens, threads, lookup, eos_token_ids=eos, model=model))
         del model

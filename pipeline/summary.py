@@ -73,9 +73,9 @@ def pair_rows(root: Path) -> list[str]:
 
 
 def benchmark_rows(root: Path) -> list[str]:
-    """The benchmark stage's best run per model, and our ratios over the peers."""
+    """The benchmark stage's best run per model and variant, and our ratios over the peers."""
     lines = []
-    for path in sorted(root.glob("*/benchmark.json")):
+    for path in sorted(root.glob("*/benchmark-*.json")):
         report = json.loads(path.read_text())
         if report.get("best"):
             best = report["runs"][report["best"]]

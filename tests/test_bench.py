@@ -153,7 +153,7 @@ def test_summary_prints_the_best_benchmark_run_and_peer_ratios(tmp_path):
 
     (tmp_path / "m").mkdir()
     run = {"speedup": 1.5, "token_match": 1.0}
-    (tmp_path / "m" / "benchmark.json").write_text(json.dumps(
+    (tmp_path / "m" / "benchmark-int4.json").write_text(json.dumps(
         {"model": "m", "variant": "int4", "prompts": 7, "best": "pld/tree/t0", "runs": {"pld/tree/t0": run}}))
     (tmp_path / "m" / "peers.json").write_text(json.dumps({"ratios": {"specrt/int4/pld / hf/fp32/plain": 3.0}}))
     assert benchmark_rows(tmp_path) == [

@@ -216,3 +216,26 @@ def test_our_methods_run_after_plain_decoding_and_match_it(tiny_artifact, tmp_pa
     names = [r["name"] for r in report["runs"]]
     assert names == [f"specrt/{variant}/{m}" for m in ("baseline", "suffix_decoding", "pld")]
     assert [r["token_match"] for r in report["runs"]] == [1.0, 1.0, 1.0]
+
+
+def test_run_loads_a_gguf_checkpoint_once_and_not_at_all_when_builds_are_reused(tiny_hf, tmp_path, monkeypatch):
+    # the builder's temporary checkpoint and the transformers runs share one load of the GGUF
+    from tests.tiny import specbench_questions
+
+    hf_dir, _ = tiny_hf
+    model = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32)
+    (tmp_path / "gguf").mkdir()
+    gguf_path = tiny_gguf(model, hf_dir.parent / "tokenizer.json", tmp_path / "gguf" / "tiny.gguf")
+    weights.convert(gguf_path, weights.sha256_file(gguf_path), tmp_path / "hf", PROMPTS[0], 4)
+    loads = []
+    load_gguf = checkpoint.load_gguf
+    monkeypatch.setattr(checkpoint, "load_gguf", lambda path: loads.append(path) or load_gguf(path))
+    questions = specbench_questions(tmp_path / "question.jsonl")
+    options = dict(precisions=("fp32",), max_prompts=1, max_new_tokens=4, threads=1, prompt_lookup=0)
+
+    first = peers.run(tmp_path / "hf", questions, tmp_path / "builds", **options)
+    assert len(loads) == 1 and first["builds"]["fp32"]["reused"] is False
+    assert [r["name"] for r in first["runs"]] == ["ort-genai/fp32/plain", "ort-genai/fp32/ngram", "hf/fp32/plain"]
+    again = peers.run(tmp_path / "hf", questions, tmp_path / "builds", **options, hf=False)
+    assert len(loads) == 1 and again["builds"]["fp32"]["reused"] is True  # nothing to build, no transformers run
+    assert again["runs"][0]["ids"] == first["runs"][0]["ids"]
