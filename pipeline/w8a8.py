@@ -47,7 +47,7 @@ def _consts(graph: onnx.GraphProto) -> dict[str, str]:
 
 def _quantize_activations(x: str, c: dict[str, str]) -> tuple[list[onnx.NodeProto], str, str]:
     """Nodes that quantize ``x`` per token: (nodes, xq uint8 name, a_scale name)."""
-    p = f"{x}/w8a8"
+    p = f"{x}/w8a8_input"
     nodes = [
         helper.make_node("Abs", [x], [f"{p}/abs"], name=f"{p}/Abs"),
         helper.make_node("ReduceMax", [f"{p}/abs", c["axes"]], [f"{p}/absmax"], keepdims=1, name=f"{p}/ReduceMax"),
@@ -93,11 +93,12 @@ def quantize_w8a8(model: onnx.ModelProto, exclude: list[str], *, reduce_range: b
             rewritten += nodes
             quantized_inputs[x] = (xq, a_scale)
         xq, a_scale = quantized_inputs[x]
-        wq, w_scale = quantize_weight(numpy_helper.to_array(inits[w]), reduce_range)
-        graph.initializer.extend([numpy_helper.from_array(wq, f"{w}/int8"),
-                                  numpy_helper.from_array(w_scale, f"{w}/scale")])
-        replaced_weights.add(w)
-        p = f"{node.name}/w8a8"
+        if w not in replaced_weights:  # a weight two MatMuls share is quantized once
+            wq, w_scale = quantize_weight(numpy_helper.to_array(inits[w]), reduce_range)
+            graph.initializer.extend([numpy_helper.from_array(wq, f"{w}/int8"),
+                                      numpy_helper.from_array(w_scale, f"{w}/scale")])
+            replaced_weights.add(w)
+        p = f"{node.output[0]}/w8a8_matmul"  # names from the output: unique even where nodes are unnamed
         rewritten += [
             helper.make_node("MatMulInteger", [xq, f"{w}/int8", c["zero_point"]], [f"{p}/acc"],
                              name=f"{p}/MatMulInteger"),

@@ -61,16 +61,25 @@ def test_matmuls_sharing_an_input_share_its_quantization_and_excluded_ones_stay_
     rng = np.random.default_rng(1)
     w1, w2, w3 = (numpy_helper.from_array(rng.standard_normal((8, 8)).astype(np.float32), n) for n in "abc")
     graph = helper.make_graph(
-        [helper.make_node("MatMul", ["x", "a"], ["y1"], name="one"),
-         helper.make_node("MatMul", ["x", "b"], ["y2"], name="two"),
+        [helper.make_node("MatMul", ["x", "a"], ["y1"]),  # unnamed nodes
+         helper.make_node("MatMul", ["x", "b"], ["y2"]),
+         helper.make_node("MatMul", ["y2", "a"], ["y4"]),  # shares weight a
          helper.make_node("MatMul", ["x", "c"], ["y3"], name="head")], "g",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, "s", 8])],
-        [helper.make_tensor_value_info(y, TensorProto.FLOAT, [1, "s", 8]) for y in ("y1", "y2", "y3")],
+        [helper.make_tensor_value_info(y, TensorProto.FLOAT, [1, "s", 8]) for y in ("y1", "y3", "y4")],
         [w1, w2, w3])
-    model = quantize_w8a8(helper.make_model(graph), exclude=["head"])
+    model = quantize_w8a8(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20)]), exclude=["head"])
+    onnx.checker.check_model(model, full_check=True)  # unique names, one initializer per quantized weight
     ops = [n.op_type for n in model.graph.node]
-    assert ops.count("ReduceMax") == 1 and ops.count("MatMulInteger") == 2 and ops.count("MatMul") == 1
-    assert "c" in {i.name for i in model.graph.initializer}
+    assert ops.count("ReduceMax") == 2 and ops.count("MatMulInteger") == 3 and ops.count("MatMul") == 1
+    names = [i.name for i in model.graph.initializer]
+    assert "c" in names and "a" not in names and names.count("a/int8") == 1
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    x = rng.standard_normal((1, 3, 8)).astype(np.float32)
+    y1, y3, _ = session.run(None, {"x": x})
+    np.testing.assert_array_equal(y3, x @ numpy_helper.to_array(w3))  # the excluded MatMul stays float
+    a = numpy_helper.to_array(w1)
+    assert np.abs(y1 - x @ a).max() < 0.05 * np.abs(x @ a).max()
 
 
 def test_w8a8_needs_8_bits():
