@@ -148,10 +148,10 @@ def build_genai(
 
     hf_dir, out_dir = Path(hf_dir).resolve(), Path(out_dir).resolve()
     shown = builder_command(hf_dir, out_dir, precision, extra_options, Path("<tmp>"))
-    source = _source_files(hf_dir)
     if reuse and (record := reusable_build(hf_dir, out_dir, precision, extra_options)) is not None:
         log.info("reusing %s (built by the same command from the same checkpoint files)", out_dir)
         return {**record, "reused": True}
+    source = _source_files(hf_dir)
 
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     with contextlib.ExitStack() as stack:
@@ -449,9 +449,15 @@ def run(
     else:
         prompts, eos = hf_prompts(hf_dir, texts, max_prompt_tokens)
 
-    builds = {}
+    builds = {}  # precision -> build record
+    if not rebuild:
+        for precision in precisions:
+            if (record := reusable_build(hf_dir, Path(build_dir) / precision, precision)) is not None:
+                log.info("reusing %s (built by the same command from the same checkpoint files)",
+                         Path(build_dir) / precision)
+                builds[precision] = {**record, "reused": True}
     torch_model = None  # hf_dir's model, loaded once for the builder's checkpoint and the transformers runs
-    to_build = [p for p in precisions if rebuild or reusable_build(hf_dir, Path(build_dir) / p, p) is None]
+    to_build = [p for p in precisions if p not in builds]
     if to_build:
         # One full checkpoint for every build (a temporary one when hf_dir's weights are a GGUF),
         # removed before the runs start.
@@ -462,11 +468,7 @@ def run(
             for precision in to_build:
                 builds[precision] = build_genai(hf_dir, Path(build_dir) / precision, precision, reuse=False,
                                                 checkpoint=checkpoint)
-    for precision in precisions:
-        if precision not in builds:
-            log.info("reusing %s (built by the same command from the same checkpoint files)",
-                     Path(build_dir) / precision)
-            builds[precision] = {**reusable_build(hf_dir, Path(build_dir) / precision, precision), "reused": True}
+    builds = {precision: builds[precision] for precision in precisions}  # in the order asked for
     for precision in precisions:
         model_dir = Path(build_dir) / precision
         runs.append(run_genai(model_dir, prompts, max_new_tokens, threads, eos_token_ids=eos,

@@ -122,14 +122,19 @@ def test_a_folder_without_weights_or_gguf_pointer_fails_before_building(tmp_path
     assert [p.name for p in tmp_path.iterdir()] == ["empty"]
 
 
-def test_genai_builds_a_checkpoint_whose_weights_are_a_gguf(tiny_hf, hf_plain, tmp_path):
-    # The weights stage's folder keeps no float32 weights, only gguf.json -> the GGUF: the builder
-    # gets a temporary full checkpoint, removed after the build.
-    hf_dir, prompts = tiny_hf
+def _gguf_backed_folder(hf_dir, tmp_path):
+    """What the weights stage writes for the tiny model: ``tmp_path/hf`` whose gguf.json points to a GGUF."""
     model = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32)
     (tmp_path / "gguf").mkdir()
     gguf_path = tiny_gguf(model, hf_dir.parent / "tokenizer.json", tmp_path / "gguf" / "tiny.gguf")
     weights.convert(gguf_path, weights.sha256_file(gguf_path), tmp_path / "hf", PROMPTS[0], 4)
+
+
+def test_genai_builds_a_checkpoint_whose_weights_are_a_gguf(tiny_hf, hf_plain, tmp_path):
+    # The weights stage's folder keeps no float32 weights, only gguf.json -> the GGUF: the builder
+    # gets a temporary full checkpoint, removed after the build.
+    hf_dir, prompts = tiny_hf
+    _gguf_backed_folder(hf_dir, tmp_path)  # tmp_path/hf: config + tokenizer + gguf.json
     assert not checkpoint.has_weights(tmp_path / "hf")
 
     build = peers.build_genai(tmp_path / "hf", tmp_path / "builds" / "fp32", "fp32")
@@ -223,10 +228,7 @@ def test_run_loads_a_gguf_checkpoint_once_and_not_at_all_when_builds_are_reused(
     from tests.tiny import specbench_questions
 
     hf_dir, _ = tiny_hf
-    model = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32)
-    (tmp_path / "gguf").mkdir()
-    gguf_path = tiny_gguf(model, hf_dir.parent / "tokenizer.json", tmp_path / "gguf" / "tiny.gguf")
-    weights.convert(gguf_path, weights.sha256_file(gguf_path), tmp_path / "hf", PROMPTS[0], 4)
+    _gguf_backed_folder(hf_dir, tmp_path)  # tmp_path/hf: config + tokenizer + gguf.json
     loads = []
     load_gguf = checkpoint.load_gguf
     monkeypatch.setattr(checkpoint, "load_gguf", lambda path: loads.append(path) or load_gguf(path))
