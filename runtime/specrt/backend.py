@@ -28,7 +28,8 @@ import onnxruntime as ort
 
 from . import contract
 from .errors import ArtifactError, InvalidRequestError, SpecrtError
-from .gather import DEVICE_ID, Block, RowGather
+from .binding import PointerBinding
+from .gather import Block, RowGather
 from .kvstore import DeviceKV, DeviceScratch, HostKV, KVStore
 from .manifest import ModelDims
 
@@ -214,29 +215,30 @@ class OrtDecoder:
             raise InvalidRequestError(f"window of {s} after {past} cached positions exceeds capacity {self.capacity}")
         if attention_bias.shape != (s, past + s):
             raise ValueError(f"attention_bias has shape {attention_bias.shape}, expected {(s, past + s)}")
-        binding = self.session.io_binding()
-        binding.bind_cpu_input(contract.INPUT_IDS, np.ascontiguousarray(input_ids, np.int64)[None])
-        binding.bind_cpu_input(contract.POSITION_IDS, np.ascontiguousarray(position_ids, np.int64)[None])
-        binding.bind_cpu_input(contract.ATTENTION_BIAS, np.ascontiguousarray(attention_bias, np.float32)[None, None])
+        binding = PointerBinding(self.session)
+        binding.host_input(contract.INPUT_IDS, np.ascontiguousarray(input_ids, np.int64)[None])
+        binding.host_input(contract.POSITION_IDS, np.ascontiguousarray(position_ids, np.int64)[None])
+        binding.host_input(contract.ATTENTION_BIAS, np.ascontiguousarray(attention_bias, np.float32)[None, None])
         store, device = self.store, self.store.device
         past_shape = [1, past, self.dims.kv_heads, self.dims.head_dim]
         new_shape = [1, s, self.dims.kv_heads, self.dims.head_dim]
         for b, (past_name, present_name) in enumerate(self.graph.kv_names):
-            binding.bind_input(past_name, device, DEVICE_ID, np.float32, past_shape, store.ptr(b, 0))
-            binding.bind_output(present_name, device, DEVICE_ID, np.float32, new_shape, store.ptr(b, past))
+            binding.input(past_name, device, past_shape, store.ptr(b, 0))
+            binding.output(present_name, device, new_shape, store.ptr(b, past))
         vocab = self.dims.vocab
         hidden = np.empty((1, s, self.dims.hidden), np.float32)
-        self._bind_host(binding, contract.HIDDEN_STATES, hidden)
+        # host outputs: on a GPU provider onnxruntime copies the result into them
+        binding.output(contract.HIDDEN_STATES, "cpu", list(hidden.shape), hidden.ctypes.data)
         on_device = self._logits is not None and logits_rows is not None
         if on_device:  # the logits stay on the device; the rows asked for are gathered to the host below
             assert self._logits is not None
             logits_ptr = self._logits.ptr(s * vocab)
-            binding.bind_output(contract.LOGITS, self._logits.device, DEVICE_ID, np.float32, [1, s, vocab], logits_ptr)
+            binding.output(contract.LOGITS, self._logits.device, [1, s, vocab], logits_ptr)
         else:
             logits = np.empty((1, s, vocab), np.float32)
-            self._bind_host(binding, contract.LOGITS, logits)
+            binding.output(contract.LOGITS, "cpu", list(logits.shape), logits.ctypes.data)
         try:
-            self.session.run_with_iobinding(binding)
+            binding.run()
             if self.graph.device is not None:  # device cache: complete before another session's run reads it
                 binding.synchronize_outputs()
         except Exception as e:  # onnxruntime's own exception types; should not happen on valid input
@@ -251,11 +253,6 @@ class OrtDecoder:
             source = Block(self._logits.device, logits_ptr, s, vocab)
             self.graph.gather.run([source], rows, [Block("cpu", picked.ctypes.data, len(rows), vocab)])
         return ForwardOutput(logits=picked[0], hidden_states=hidden[0])
-
-    @staticmethod
-    def _bind_host(binding: ort.IOBinding, name: str, out: np.ndarray) -> None:
-        # out: a C-contiguous float32 host array; on a GPU provider onnxruntime copies the result into it
-        binding.bind_output(name, "cpu", 0, np.float32, list(out.shape), out.ctypes.data)
 
     def truncate(self, past: int) -> None:
         """Roll the cache back to its first ``past`` positions."""

@@ -23,11 +23,11 @@ from typing import NamedTuple
 import numpy as np
 import onnxruntime as ort
 
+from .binding import PointerBinding
 from .errors import SpecrtError
 
 OPSET = 13  # Gather with negative-index support; every onnxruntime >= 1.20 runs it
 IR_VERSION = 8
-DEVICE_ID = 0  # one device per process for now: the CUDA EP's default device
 
 _FLOAT, _INT64 = 1, 7  # onnx TensorProto.DataType
 _ATTR_INT = 2  # onnx AttributeProto.AttributeType.INT
@@ -127,13 +127,13 @@ class RowGather:
                 raise ValueError(f"RowGather.run: target [{dst.rows}, {dst.width}] cannot hold {len(indices)} "
                                  f"rows of a [{src.rows}, {src.width}] source")
         session = self._session(len(sources))
-        binding = session.io_binding()
-        binding.bind_cpu_input("indices", indices)
+        binding = PointerBinding(session)
+        binding.host_input("indices", indices)
         for i, (src, dst) in enumerate(zip(sources, targets, strict=True)):
-            binding.bind_input(f"x.{i}", src.device, DEVICE_ID, np.float32, [1, src.rows, src.width], src.ptr)
-            binding.bind_output(f"y.{i}", dst.device, DEVICE_ID, np.float32, [1, dst.rows, dst.width], dst.ptr)
+            binding.input(f"x.{i}", src.device, [1, src.rows, src.width], src.ptr)
+            binding.output(f"y.{i}", dst.device, [1, dst.rows, dst.width], dst.ptr)
         try:
-            session.run_with_iobinding(binding)
+            binding.run()
             binding.synchronize_outputs()  # the next run may be another session's, on another stream
         except Exception as e:  # onnxruntime's own exception types; should not happen on valid blocks
             raise SpecrtError(f"row gather failed ({len(sources)} blocks, {len(indices)} rows): "

@@ -21,7 +21,8 @@ from typing import Protocol
 import numpy as np
 import onnxruntime as ort
 
-from .gather import DEVICE_ID, Block, RowGather
+from .binding import DEVICE_ID
+from .gather import Block, RowGather
 
 FLOAT_BYTES = 4
 
