@@ -27,8 +27,8 @@ import numpy as np
 import onnxruntime as ort
 
 from . import contract
-from .errors import ArtifactError, InvalidRequestError, SpecrtError
 from .binding import PointerBinding
+from .errors import ArtifactError, InvalidRequestError, SpecrtError
 from .gather import Block, RowGather
 from .kvstore import DeviceKV, DeviceScratch, HostKV, KVStore
 from .manifest import ModelDims
