@@ -7,8 +7,9 @@
 Peers, each greedy, batch 1, on the CPU, with the same intra-op thread count as ours:
 
 - ``ort-genai/<precision>/plain``: onnxruntime-genai's model builder turns the HF checkpoint into
-  its own ONNX model (``python -m onnxruntime_genai.models.builder -i HF -o OUT -p int4|fp32 -e cpu``;
-  the int4 build gets :data:`GENAI_INT4_OPTIONS`, our int4 recipe), run by its ``Generator`` loop
+  its own ONNX model (``python -m onnxruntime_genai.models.builder -i HF -o OUT -p int4|int8|fp32 -e cpu``;
+  the int4 build gets :data:`GENAI_INT4_OPTIONS`, our int4 recipe; int8 :data:`GENAI_INT8_OPTIONS`,
+  8-bit weights and activations as our W8A8), run by its ``Generator`` loop
   (``append_tokens`` the prompt ids, then ``generate_next_token`` until done).
 - ``ort-genai/<precision>/ngram``: the same model with onnxruntime-genai's own n-gram (prompt
   lookup) speculative decoding, ``GeneratorParams.set_speculative_options(ngram_size=...,
@@ -81,7 +82,17 @@ GENAI_INT4_OPTIONS = {
     "is_symmetric": "true",
     "op_types_to_quantize": "MatMul/Gather",
 }
-GENAI_PRECISIONS = ("fp32", "int4")
+# The builder's 8-bit peer of our W8A8 int8 (params.yaml quantize.variants.int8: int8 weights, int8
+# activations, lm_head 8-bit, the embedding fp32): MatMulNBits 8-bit, block 32, symmetric,
+# accuracy_level 4 (int8 activations per block), every MatMul (lm_head included), no Gather.
+GENAI_INT8_OPTIONS = {
+    "accuracy_level": "4",
+    "block_size": "32",
+    "is_symmetric": "true",
+    "op_types_to_quantize": "MatMul",
+}
+GENAI_OPTIONS: dict[str, dict[str, str]] = {"fp32": {}, "int4": GENAI_INT4_OPTIONS, "int8": GENAI_INT8_OPTIONS}
+GENAI_PRECISIONS = tuple(GENAI_OPTIONS)
 WARMUP_TOKENS = 4
 
 # n-gram settings of the ort-genai speculative run: the starting point its docs recommend
@@ -103,6 +114,13 @@ def builder_command(hf_dir: Path, out_dir: Path, precision: str, extra_options: 
     return cmd
 
 
+def genai_options(precision: str, extra_options: dict[str, str] | None = None) -> dict[str, str]:
+    """``extra_options``, or the builder options of ``precision`` (:data:`GENAI_OPTIONS`)."""
+    if precision not in GENAI_OPTIONS:
+        raise ValueError(f"onnxruntime-genai precision must be one of {GENAI_PRECISIONS}, got {precision!r}")
+    return dict(GENAI_OPTIONS[precision]) if extra_options is None else extra_options
+
+
 def _source_files(hf_dir: Path) -> dict[str, list[int]]:
     """The checkpoint folder's files: name -> [bytes, mtime_ns]; a change means a rebuild."""
     return {p.name: [p.stat().st_size, p.stat().st_mtime_ns] for p in sorted(hf_dir.iterdir()) if p.is_file()}
@@ -115,8 +133,7 @@ def reusable_build(
     command, builder version and checkpoint files), else None."""
     import onnxruntime_genai as og
 
-    if extra_options is None:
-        extra_options = dict(GENAI_INT4_OPTIONS) if precision == "int4" else {}
+    extra_options = genai_options(precision, extra_options)
     hf_dir, out_dir = Path(hf_dir).resolve(), Path(out_dir).resolve()
     record_path = out_dir / BUILD_RECORD
     if not record_path.exists():
@@ -135,15 +152,12 @@ def build_genai(
     """Build ``hf_dir`` with onnxruntime-genai's model builder into ``out_dir`` (written whole or
     not at all), and return the build record: the command, seconds, bytes of the folder.
 
-    ``extra_options`` default: :data:`GENAI_INT4_OPTIONS` for int4, none for fp32. With ``reuse``,
+    ``extra_options`` default: :data:`GENAI_OPTIONS` of ``precision`` (none for fp32). With ``reuse``,
     a folder built by the same command, builder version and checkpoint files (sizes, mtimes) is
     kept (its record comes back with ``reused``). ``checkpoint``: ``hf_dir`` with its weights as
     safetensors, which the builder reads (default: a temporary one from
     :func:`pipeline.checkpoint.full_checkpoint`, or ``hf_dir`` itself when it has them)."""
-    if precision not in GENAI_PRECISIONS:
-        raise ValueError(f"precision must be one of {GENAI_PRECISIONS}, got {precision!r}")
-    if extra_options is None:
-        extra_options = dict(GENAI_INT4_OPTIONS) if precision == "int4" else {}
+    extra_options = genai_options(precision, extra_options)
     import onnxruntime_genai as og
 
     hf_dir, out_dir = Path(hf_dir).resolve(), Path(out_dir).resolve()

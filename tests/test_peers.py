@@ -97,6 +97,25 @@ def test_genai_int4_build_follows_our_recipe(tiny_hf, tmp_path):
     assert all(0 < len(ids) <= NEW_TOKENS for ids in run["ids"])
 
 
+def test_genai_int8_build_is_8_bit_weights_and_activations_like_our_w8a8(tiny_hf, tmp_path):
+    # ours (params.yaml quantize.variants.int8): W8A8, lm_head 8-bit, the embedding left fp32
+    ours = yaml.safe_load((Path(__file__).parents[1] / "params.yaml").read_text())["quantize"]["variants"]["int8"]
+    assert (ours["method"], ours["bits"], ours["lm_head_bits"], ours["embedding_bits"]) == ("w8a8", 8, 8, None)
+    hf_dir, prompts = tiny_hf
+    build = peers.build_genai(hf_dir, tmp_path / "int8", "int8")
+    assert build["extra_options"] == peers.GENAI_INT8_OPTIONS
+    graph = onnx.load(tmp_path / "int8" / "model.onnx", load_external_data=False).graph
+    nbits = [n for n in graph.node if n.op_type == "MatMulNBits"]
+    attrs = [{a.name: onnx.helper.get_attribute_value(a) for a in n.attribute} for n in nbits]
+    assert nbits and not [n for n in graph.node if n.op_type == "MatMul"]
+    assert all(a["bits"] == 8 and a["block_size"] == 32 and a.get("accuracy_level", 0) == 4 for a in attrs)
+    assert any(n.name.startswith("/lm_head/") for n in nbits)
+    assert not [n for n in graph.node if n.op_type == "GatherBlockQuantized"]  # the embedding stays fp32
+
+    run = peers.run_genai(tmp_path / "int8", prompts, NEW_TOKENS, threads=1, name="ort-genai/int8/plain")
+    assert all(0 < len(ids) <= NEW_TOKENS for ids in run["ids"])
+
+
 def test_build_is_reused_when_the_command_is_the_same(tiny_hf, tmp_path):
     hf_dir, _ = tiny_hf
     first = peers.build_genai(hf_dir, tmp_path / "fp32", "fp32")
@@ -146,8 +165,8 @@ def test_genai_builds_a_checkpoint_whose_weights_are_a_gguf(tiny_hf, hf_plain, t
 
 
 def test_unknown_precision_fails_early(tmp_path):
-    with pytest.raises(ValueError, match="precision"):
-        peers.build_genai(tmp_path, tmp_path / "out", "int8")
+    with pytest.raises(ValueError, match="precision must be one of .*'int3'"):
+        peers.build_genai(tmp_path, tmp_path / "out", "int3")
 
 
 def test_token_match_counts_the_prefix_before_the_first_difference():
