@@ -4,6 +4,9 @@
         --build-dir /tmp/peers --precisions int4 fp32 --per-task 1 --max-prompts 2 \\
         --max-new-tokens 48 --threads 2 --out /tmp/peers/report.json [--artifact artifacts/M/int4]
 
+The DVC stage runs it once per entry of ``peers.variants``: our artifact of that variant against
+onnxruntime-genai's build of the same precision (``--precisions <variant>``).
+
 Peers, each greedy, batch 1, on the CPU, with the same intra-op thread count as ours:
 
 - ``ort-genai/<precision>/plain``: onnxruntime-genai's model builder turns the HF checkpoint into
@@ -527,6 +530,13 @@ def metrics(report: dict[str, Any]) -> dict[str, Any]:
             "max_new_tokens": report["max_new_tokens"], "runs": runs, "ratios": ratios}
 
 
+def artifact_variant(folder: Path) -> str:
+    """The variant (``fp32``, ``int8``, ``int4``) of a specrt artifact folder, from its manifest."""
+    from specrt.manifest import read_manifest
+
+    return read_manifest(Path(folder), check_hashes=False).variant
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--hf", type=Path, required=True, help="HF checkpoint folder (weights stage)")
@@ -552,17 +562,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-hf", action="store_true", help="leave out the transformers peer")
     parser.add_argument("--rebuild", action="store_true", help="rebuild genai models even if built by the same command")
     parser.add_argument("--params", type=Path, help="params.yaml: its `peers` section sets the options above "
-                        "(same names; prompts_per_task is --per-task)")
+                        "(same names; prompts_per_task is --per-task); `variants` is dvc.yaml's (one stage run "
+                        "per variant: --artifact and --precisions), `transformers_with` lists the variants of "
+                        "--artifact that also run the transformers peer")
     args = parser.parse_args(argv)
     if args.params:
         section = yaml.safe_load(args.params.read_text())["peers"]
-        known = {"artifact", "methods", "precisions", "prompts_per_task", "max_prompts", "max_prompt_tokens",
+        known = {"variants", "transformers_with", "methods", "prompts_per_task", "max_prompts", "max_prompt_tokens",
                  "max_new_tokens", "threads", "prompt_lookup", "genai_ngram_size", "genai_max_draft_tokens"}
         if set(section) - known:
             parser.error(f"{args.params}: peers.{sorted(set(section) - known)[0]} is not an option "
                          f"(known: {', '.join(sorted(known))})")
         for key, value in section.items():
-            if key != "artifact":  # the artifact is a path: --artifact
+            if key == "transformers_with":
+                if args.artifact is None or artifact_variant(args.artifact) not in value:
+                    args.no_hf = True
+            elif key != "variants":
                 setattr(args, {"prompts_per_task": "per_task"}.get(key, key), value)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     with tempfile.TemporaryDirectory(prefix="specrt-peers-") as tmp:

@@ -82,7 +82,7 @@ def benchmark_rows(root: Path) -> list[str]:
             lines.append(f"{report['model']} [{report['variant']}] Spec-Bench ({report['prompts']} prompts): best "
                          f"{report['best']} {best['speedup']:.2f}x over plain decoding, token match "
                          f"{best['token_match']:.3f}")
-    for path in sorted(root.glob("*/peers.json")):
+    for path in sorted(root.glob("*/peers-*.json")):  # one per variant of the peers stage
         ratios = json.loads(path.read_text())["ratios"]
         lines += [f"{path.parent.name}: {name} = {ratio:.2f}" for name, ratio in ratios.items()]
     return lines

@@ -155,8 +155,11 @@ def test_summary_prints_the_best_benchmark_run_and_peer_ratios(tmp_path):
     run = {"speedup": 1.5, "token_match": 1.0}
     (tmp_path / "m" / "benchmark-int4.json").write_text(json.dumps(
         {"model": "m", "variant": "int4", "prompts": 7, "best": "pld/tree/t0", "runs": {"pld/tree/t0": run}}))
-    (tmp_path / "m" / "peers.json").write_text(json.dumps({"ratios": {"specrt/int4/pld / hf/fp32/plain": 3.0}}))
+    (tmp_path / "m" / "peers-int4.json").write_text(json.dumps({"ratios": {"specrt/int4/pld / hf/fp32/plain": 3.0}}))
+    (tmp_path / "m" / "peers-int8.json").write_text(json.dumps(
+        {"ratios": {"specrt/int8/baseline / ort-genai/int8/plain": 1.01}}))
     assert benchmark_rows(tmp_path) == [
         "m [int4] Spec-Bench (7 prompts): best pld/tree/t0 1.50x over plain decoding, token match 1.000",
         "m: specrt/int4/pld / hf/fp32/plain = 3.00",
+        "m: specrt/int8/baseline / ort-genai/int8/plain = 1.01",
     ]

@@ -218,15 +218,34 @@ def test_params_file_sets_the_options_and_refuses_unknown_ones(tmp_path, monkeyp
     seen = {}
     monkeypatch.setattr(peers, "run", lambda *a, **kw: seen.update(kw) or {"runs": []})
     params = tmp_path / "params.yaml"
-    params.write_text("peers: {artifact: int4, precisions: [int4], prompts_per_task: 2, max_prompts: 3, "
+    params.write_text("peers: {variants: [int4, int8], prompts_per_task: 2, max_prompts: 3, "
                       "max_new_tokens: 7, threads: 2, prompt_lookup: 0}\n")
-    argv = ["--hf", "h", "--prompts", "q", "--out", str(tmp_path / "r.json"), "--params", str(params)]
+    argv = ["--hf", "h", "--prompts", "q", "--out", str(tmp_path / "r.json"), "--params", str(params),
+            "--precisions", "int8"]
     assert peers.main(argv) == 0
     assert (seen["precisions"], seen["per_task"], seen["max_prompts"], seen["max_new_tokens"], seen["threads"],
-            seen["prompt_lookup"]) == (["int4"], 2, 3, 7, 2, 0)
+            seen["prompt_lookup"], seen["hf"]) == (["int8"], 2, 3, 7, 2, 0, True)
     params.write_text("peers: {max_new_token: 7}\n")
     with pytest.raises(SystemExit):
         peers.main(argv)
+
+
+def test_transformers_run_only_with_the_variants_named(tiny_artifact, tmp_path, monkeypatch):
+    import pipeline.peers as peers
+
+    folder, _ = tiny_artifact
+    variant = peers.artifact_variant(folder)
+    seen = {}
+    monkeypatch.setattr(peers, "run", lambda *a, **kw: seen.update(kw) or {"runs": []})
+    params = tmp_path / "params.yaml"
+    argv = ["--hf", "h", "--prompts", "q", "--out", str(tmp_path / "r.json"), "--params", str(params),
+            "--artifact", str(folder)]
+    for listed, hf in (([variant], True), (["some-other-variant"], False)):
+        params.write_text(yaml.safe_dump({"peers": {"transformers_with": listed}}))
+        assert peers.main(argv) == 0
+        assert seen["hf"] is hf and seen["artifact"] == folder
+    params.write_text(yaml.safe_dump({"peers": {"transformers_with": [variant]}}))
+    assert peers.main([*argv, "--no-hf"]) == 0 and seen["hf"] is False  # listed, but --no-hf wins
 
 
 def test_our_methods_run_after_plain_decoding_and_match_it(tiny_artifact, tmp_path):
