@@ -574,8 +574,8 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"{args.params}: peers.{sorted(set(section) - known)[0]} is not an option "
                          f"(known: {', '.join(sorted(known))})")
         for key, value in section.items():
-            if key == "transformers_with":
-                if args.artifact is None or artifact_variant(args.artifact) not in value:
+            if key == "transformers_with":  # without --artifact, transformers is the reference: it runs
+                if args.artifact is not None and artifact_variant(args.artifact) not in value:
                     args.no_hf = True
             elif key != "variants":
                 setattr(args, {"prompts_per_task": "per_task"}.get(key, key), value)

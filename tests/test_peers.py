@@ -246,6 +246,9 @@ def test_transformers_run_only_with_the_variants_named(tiny_artifact, tmp_path, 
         assert seen["hf"] is hf and seen["artifact"] == folder
     params.write_text(yaml.safe_dump({"peers": {"transformers_with": [variant]}}))
     assert peers.main([*argv, "--no-hf"]) == 0 and seen["hf"] is False  # listed, but --no-hf wins
+    without_artifact = argv[:-2]  # then transformers is every token match's reference: it runs
+    params.write_text(yaml.safe_dump({"peers": {"transformers_with": ["some-other-variant"]}}))
+    assert peers.main(without_artifact) == 0 and seen["hf"] is True and seen["artifact"] is None
 
 
 def test_our_methods_run_after_plain_decoding_and_match_it(tiny_artifact, tmp_path):
