@@ -72,20 +72,30 @@ def test_hf_prompt_lookup_equals_hf_plain(tiny_hf, hf_plain):
     assert lookup["prefill_tokens"] >= len(prompts)
 
 
+def _our_variant(name: str) -> dict:
+    """params.yaml quantize.variants.<name>: the recipe the genai build is set against."""
+    return yaml.safe_load((Path(__file__).parents[1] / "params.yaml").read_text())["quantize"]["variants"][name]
+
+
+def _genai_build(hf_dir: Path, out: Path, precision: str) -> tuple[onnx.GraphProto, list, list[dict]]:
+    """Build ``precision`` with the builder's default options for it; (graph, MatMulNBits nodes, their attributes)."""
+    build = peers.build_genai(hf_dir, out, precision)
+    assert build["extra_options"] == peers.GENAI_OPTIONS[precision]
+    graph = onnx.load(out / "model.onnx", load_external_data=False).graph
+    nbits = [n for n in graph.node if n.op_type == "MatMulNBits"]
+    return graph, nbits, [{a.name: onnx.helper.get_attribute_value(a) for a in n.attribute} for n in nbits]
+
+
 def test_genai_int4_build_follows_our_recipe(tiny_hf, tmp_path):
     # ours (params.yaml quantize.variants.int4): MatMulNBits 4-bit, block 32, symmetric,
     # accuracy_level 4, lm_head and embedding 4-bit
-    ours = yaml.safe_load((Path(__file__).parents[1] / "params.yaml").read_text())["quantize"]["variants"]["int4"]
+    ours = _our_variant("int4")
     assert (ours["bits"], ours["lm_head_bits"], ours["embedding_bits"]) == (4, 4, 4)
     assert peers.GENAI_INT4_OPTIONS["accuracy_level"] == str(ours["accuracy_level"])
     assert peers.GENAI_INT4_OPTIONS["block_size"] == str(ours["block_size"])
     assert peers.GENAI_INT4_OPTIONS["is_symmetric"] == str(ours["symmetric"]).lower()
     hf_dir, prompts = tiny_hf
-    build = peers.build_genai(hf_dir, tmp_path / "int4", "int4")
-    assert build["extra_options"] == peers.GENAI_INT4_OPTIONS
-    graph = onnx.load(tmp_path / "int4" / "model.onnx", load_external_data=False).graph
-    nbits = [n for n in graph.node if n.op_type == "MatMulNBits"]
-    attrs = [{a.name: onnx.helper.get_attribute_value(a) for a in n.attribute} for n in nbits]
+    graph, nbits, attrs = _genai_build(hf_dir, tmp_path / "int4", "int4")
     assert nbits and not [n for n in graph.node if n.op_type == "MatMul"]
     assert all(a["bits"] == 4 and a["block_size"] == 32 and a.get("accuracy_level", 0) == 4 for a in attrs)
     assert all(len(n.input) < 4 or not n.input[3] for n in nbits)  # symmetric: no zero points
@@ -99,14 +109,10 @@ def test_genai_int4_build_follows_our_recipe(tiny_hf, tmp_path):
 
 def test_genai_int8_build_is_8_bit_weights_and_activations_like_our_w8a8(tiny_hf, tmp_path):
     # ours (params.yaml quantize.variants.int8): W8A8, lm_head 8-bit, the embedding left fp32
-    ours = yaml.safe_load((Path(__file__).parents[1] / "params.yaml").read_text())["quantize"]["variants"]["int8"]
+    ours = _our_variant("int8")
     assert (ours["method"], ours["bits"], ours["lm_head_bits"], ours["embedding_bits"]) == ("w8a8", 8, 8, None)
     hf_dir, prompts = tiny_hf
-    build = peers.build_genai(hf_dir, tmp_path / "int8", "int8")
-    assert build["extra_options"] == peers.GENAI_INT8_OPTIONS
-    graph = onnx.load(tmp_path / "int8" / "model.onnx", load_external_data=False).graph
-    nbits = [n for n in graph.node if n.op_type == "MatMulNBits"]
-    attrs = [{a.name: onnx.helper.get_attribute_value(a) for a in n.attribute} for n in nbits]
+    graph, nbits, attrs = _genai_build(hf_dir, tmp_path / "int8", "int8")
     assert nbits and not [n for n in graph.node if n.op_type == "MatMul"]
     assert all(a["bits"] == 8 and a["block_size"] == 32 and a.get("accuracy_level", 0) == 4 for a in attrs)
     assert any(n.name.startswith("/lm_head/") for n in nbits)
