@@ -45,7 +45,7 @@ import specrt
 from specrt.drafters import NEEDS_DRAFT
 
 from .atomic import write_text_atomic
-from .bench import Prompt, Run, Tally, measure
+from .bench import PREFIX_CACHE_MB, Prompt, Run, Tally, measure
 from .lossless import RETRIEVAL, exit_code
 from .roofline import gathered_bytes, read_bandwidth, roofline
 from .specbench import TASKS, Question, first_per_task, read_questions
@@ -143,7 +143,8 @@ def plain_speed(model: specrt.SpecModel, prompts: list[Prompt], max_new_tokens: 
 
 def run(args: argparse.Namespace, params: dict[str, Any]) -> tuple[dict[str, Any], dict[str, dict[str, Tally]]]:
     threads = params.get("threads")
-    model = specrt.load(args.model, threads=threads, datastore=args.datastore, draft=args.draft)
+    model = specrt.load(args.model, threads=threads, datastore=args.datastore, draft=args.draft,
+                        prefix_cache_mb=PREFIX_CACHE_MB)
     render = chat_renderer(args.hf)
     prompts = [p for q in first_per_task(read_questions(args.prompts), params["prompts_per_task"])
                for p in conversation_prompts(model, render, q, max_prompt_tokens=params["max_prompt_tokens"],

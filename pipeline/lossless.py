@@ -29,6 +29,7 @@ from specrt.drafters import NEEDS_DRAFT
 from specrt.model import SpecModel
 
 from .atomic import write_text_atomic
+from .bench import PREFIX_CACHE_MB
 from .specbench import first_per_task, read_questions
 
 log = logging.getLogger(__name__)
@@ -111,7 +112,9 @@ def exit_code(identical: bool, spec_safe: bool, variant: str, report: Path) -> i
 def run(
     artifact: Path, questions_path: Path, params: dict[str, Any], datastore: Path | None, draft: Path | None = None
 ) -> dict[str, Any]:
-    model = specrt.load(artifact, threads=params.get("threads"), datastore=datastore, draft=draft)
+    # every method run of a prompt reuses the baseline's prompt KV (bit for bit the rows a prefill computes)
+    model = specrt.load(artifact, threads=params.get("threads"), datastore=datastore, draft=draft,
+                        prefix_cache_mb=PREFIX_CACHE_MB)
     questions = first_per_task(read_questions(questions_path), params["prompts_per_task"])
     chat = model.manifest.chat is not None
     prompts = [model.encode(q.turns[0], chat=chat)[: params["max_prompt_tokens"]] for q in questions]

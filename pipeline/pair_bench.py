@@ -33,7 +33,7 @@ import yaml
 import specrt
 
 from .atomic import write_text_atomic
-from .bench import Run, markdown, measure, specbench_prompts, summarize
+from .bench import PREFIX_CACHE_MB, Run, markdown, measure, specbench_prompts, summarize
 from .lossless import exit_code
 from .specbench import TASKS
 
@@ -41,7 +41,7 @@ PLOT_FIELDS = ("decode_tokens_per_s", "speedup", "mean_tokens_per_step", "accept
 
 
 def run(target: Path, draft: Path, questions: Path, params: dict[str, Any]) -> dict[str, Any]:
-    model = specrt.load(target, threads=params.get("threads"), draft=draft)
+    model = specrt.load(target, threads=params.get("threads"), draft=draft, prefix_cache_mb=PREFIX_CACHE_MB)
     prompts = specbench_prompts(model, questions, params["prompts_per_task"], params["max_prompt_tokens"])
     tasks = params.get("tasks")  # None: all six
     if tasks is not None:

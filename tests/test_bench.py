@@ -46,6 +46,30 @@ def test_measure_runs_each_method_against_the_baseline_of_its_temperature(model)
     assert markdown(results).count("\n") == 1 + len(results)  # header and rule, then one row per run
 
 
+def test_with_a_prefix_cache_methods_reuse_the_cold_baseline_prefill(tiny_artifact, monkeypatch):
+    model = specrt.load(tiny_artifact[0], prefix_cache_mb=8)
+    prompts = [Prompt("qa", model.encode(PROMPTS[0])), Prompt("qa", model.encode(PROMPTS[0]))]  # the same twice
+    stats = []  # (method, cached prompt tokens, prefill seconds) per request
+    real = model.generate_ids
+
+    def spy(ids, **options):
+        out = real(ids, **options)
+        stats.append((options["method"], out[1].stats.cached_prompt_tokens, out[1].stats.prefill_s))
+        return out
+
+    monkeypatch.setattr(model, "generate_ids", spy)
+    tallies = measure(model, prompts, [Run("pld", False, 0.0), Run("suffix_decoding", True, 0.0)],
+                      max_new_tokens=8, draft_budget=4)
+    n = len(prompts[0].ids)
+    # per prompt: the baseline prefills cold (the cache is cleared before it, even for a repeated
+    # prompt), every method after it reuses the whole prompt
+    assert [(m, c) for m, c, _ in stats] == [("baseline", 0), ("pld", n), ("suffix_decoding", n)] * 2
+    cold = stats[0][2] + stats[3][2]
+    for name in ("baseline/chain/t0", "pld/chain/t0", "suffix_decoding/tree/t0"):
+        assert tallies[name]["all"].prefill_s == pytest.approx(cold)  # every run reports the cold prefill
+        assert tallies[name]["all"].summary()["token_match"] in (None, 1.0)
+
+
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory):
     return build_tiny_pair(tmp_path_factory.mktemp("pair"))

@@ -30,7 +30,7 @@ from . import contract
 from .binding import PointerBinding
 from .errors import ArtifactError, InvalidRequestError, SpecrtError
 from .gather import Block, RowGather
-from .kvstore import DeviceKV, DeviceScratch, HostKV, KVStore
+from .kvstore import FLOAT_BYTES, DeviceKV, DeviceScratch, HostKV, KVStore
 from .manifest import ModelDims
 
 log = logging.getLogger(__name__)
@@ -253,6 +253,29 @@ class OrtDecoder:
             source = Block(self._logits.device, logits_ptr, s, vocab)
             self.graph.gather.run([source], rows, [Block("cpu", picked.ctypes.data, len(rows), vocab)])
         return ForwardOutput(logits=picked[0], hidden_states=hidden[0])
+
+    def snapshot(self, rows: int) -> np.ndarray:
+        """A host copy of the first ``rows`` cached positions: [2 * layers, rows, kv_heads, head_dim]."""
+        if not 0 <= rows <= self.past:
+            raise ValueError(f"snapshot: rows must be in [0, {self.past}], got {rows}")
+        return self.store.read(rows)
+
+    def snapshot_bytes(self, rows: int) -> int:
+        """Size of :meth:`snapshot` (``rows``)."""
+        return 2 * self.dims.num_layers * rows * self.dims.kv_heads * self.dims.head_dim * FLOAT_BYTES
+
+    def restore(self, kv: np.ndarray) -> None:
+        """Start the sequence from cached positions ``kv`` ([2 * layers, k, kv_heads, head_dim], a
+        :meth:`snapshot` of the same graph) instead of computing them; call after :meth:`reset`."""
+        expected = (2 * self.dims.num_layers, self.dims.kv_heads, self.dims.head_dim)
+        if kv.ndim != 4 or (kv.shape[0], *kv.shape[2:]) != expected or kv.dtype != np.float32:
+            raise ValueError(f"restore: kv must be float32 [{expected[0]}, k, {expected[1]}, {expected[2]}], "
+                             f"got {kv.dtype} {list(kv.shape)}")
+        if self.past != 0 or kv.shape[1] > self.capacity:
+            raise ValueError(f"restore: needs an empty cache of at least {kv.shape[1]} positions "
+                             f"(past {self.past}, capacity {self.capacity})")
+        self.store.write(kv)
+        self.past = kv.shape[1]
 
     def truncate(self, past: int) -> None:
         """Roll the cache back to its first ``past`` positions."""

@@ -29,6 +29,7 @@ from .backoff import Backoff
 from .cost import VerifyCostModel
 from .drafters import Drafter, Feedback
 from .errors import DrafterError, InvalidRequestError, check_int
+from .prefix_cache import PrefixCache, PrefixEntry
 from .rejection import Verifier, accept_tree_stochastic
 from .sampling import SamplingParams, sample, target_probs
 from .tree import DraftTree, causal_bias, fit_window, flatten
@@ -61,6 +62,7 @@ class LoopStats:
     """Counters of one request; times in seconds. A step is one verify pass after the prefill."""
 
     prompt_tokens: int = 0
+    cached_prompt_tokens: int = 0  # prompt positions whose KV came from the prefix cache (no pass ran for them)
     new_tokens: int = 0
     prefill_s: float = 0.0
     draft_s: float = 0.0
@@ -89,6 +91,7 @@ class LoopStats:
     def as_dict(self) -> dict[str, float | int]:
         return {
             "prompt_tokens": self.prompt_tokens,
+            "cached_prompt_tokens": self.cached_prompt_tokens,
             "new_tokens": self.new_tokens,
             "prefill_s": round(self.prefill_s, 6),
             "decode_s": round(self.decode_s, 6),
@@ -169,8 +172,10 @@ class SpeculativeLoop:
         cost: VerifyCostModel | None = None,
         method: str | None = None,  # the drafter's registered name, for error messages
         backoff_from: Backoff | None = None,  # an earlier request's back-off: start from its estimate
+        prefix_cache: PrefixCache | None = None,  # prompts' KV kept across requests (specrt.prefix_cache)
     ):
         self.decoder = decoder
+        self.prefix_cache = prefix_cache
         self.drafter = drafter
         kind = type(drafter).__name__
         self.drafter_label = f"drafter {method!r} ({kind})" if method else f"drafter {kind}"
@@ -225,6 +230,26 @@ class SpeculativeLoop:
         except Exception as e:  # an untrusted plug-in: any failure is reported as the drafter's
             raise DrafterError(f"{self.drafter_label} raised {type(e).__name__} in {step}: {e}") from e
 
+    def _prefill(self, prompt: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Cache ``prompt`` ([t] int64), starting from what the prefix cache holds of it; the logits
+        of its last position ([vocab]) and its hidden states ([t, hidden])."""
+        chunk, cache = self.config.prefill_chunk, self.prefix_cache
+        hit = cache.lookup(prompt, chunk) if cache is not None else None
+        hidden: list[np.ndarray] = []
+        if hit is not None:
+            self.decoder.restore(hit.entry.kv[:, : hit.rows])
+            self.stats.cached_prompt_tokens = hit.rows
+            if hit.whole:
+                return hit.entry.last_logits, hit.entry.hidden
+            hidden.append(hit.entry.hidden[: hit.rows])
+        for out in prefill(self.decoder, prompt[self.decoder.past :], chunk, last_logits_only=True):
+            hidden.append(out.hidden_states)
+        last_logits, states = out.logits[-1], np.concatenate(hidden)  # [vocab], [t, hidden]
+        if cache is not None and cache.fits(self.decoder.snapshot_bytes(len(prompt)) + states.nbytes):
+            cache.insert(PrefixEntry(prompt.copy(), self.decoder.snapshot(len(prompt)), states, last_logits.copy(),
+                                     chunk))
+        return last_logits, states
+
     def run(self, prompt: np.ndarray) -> Iterator[np.ndarray]:
         """Yield the emitted tokens ([k] int64) step by step; ``stats`` and ``finish_reason`` are
         final once the iterator is exhausted. prompt: [t] int64, 1 <= t < the model's context.
@@ -250,15 +275,13 @@ class SpeculativeLoop:
 
         vocab = self.decoder.dims.vocab
         t0 = time.perf_counter()
-        hidden = []
-        for out in prefill(self.decoder, prompt, cfg.prefill_chunk, last_logits_only=True):
-            hidden.append(out.hidden_states)
-        first = np.array([self._choose(out.logits[-1])], np.int64)
+        last_logits, hidden = self._prefill(prompt)
+        first = np.array([self._choose(last_logits)], np.int64)
         stats.prefill_s = time.perf_counter() - t0
         emitted, self.finish_reason = self._stop(first, 0)
         context = np.concatenate([prompt, emitted])
         stats.new_tokens = len(emitted)
-        self._call_drafter("begin", self.drafter.begin, prompt, np.concatenate(hidden))
+        self._call_drafter("begin", self.drafter.begin, prompt, hidden)
         yield emitted
 
         while self.finish_reason is None:

@@ -40,6 +40,12 @@ class KVStore(Protocol):
     def compact(self, past: int, keep: np.ndarray) -> None:
         """Rows ``past + keep`` ([k] ascending) -> rows ``past .. past + k - 1``, in every buffer."""
 
+    def read(self, rows: int) -> np.ndarray:
+        """A host copy of rows ``[0, rows)`` of every buffer: [n_buffers, rows, kv_heads, head_dim]."""
+
+    def write(self, kv: np.ndarray) -> None:
+        """Rows ``[0, k)`` of every buffer <- ``kv`` ([n_buffers, k, kv_heads, head_dim] float32)."""
+
     def to_numpy(self) -> np.ndarray:
         """A host copy of the whole cache, [n_buffers, capacity, kv_heads, head_dim] (tests, debugging)."""
 
@@ -70,6 +76,12 @@ class HostKV:
     def compact(self, past: int, keep: np.ndarray) -> None:
         if not np.array_equal(keep, np.arange(len(keep))):
             self._buf[:, past : past + len(keep)] = self._buf[:, past + keep]  # the right side is a copy
+
+    def read(self, rows: int) -> np.ndarray:
+        return self._buf[:, :rows].copy()
+
+    def write(self, kv: np.ndarray) -> None:
+        self._buf[:, : kv.shape[1]] = kv
 
     def to_numpy(self) -> np.ndarray:
         return self._buf.copy()
@@ -136,6 +148,25 @@ class DeviceKV:
         self.gather.run(window, src - lo, staged)
         dest = [Block(self.device, self.ptr(b, past + m), k, self.width) for b in range(self.n_buffers)]
         self.gather.run(staged, np.arange(k), dest)
+
+    def _host_blocks(self, kv: np.ndarray) -> list[Block]:
+        """Each buffer of the host array ``kv`` ([n_buffers, k, kv_heads, head_dim], C-contiguous) as a Block."""
+        k = kv.shape[1]
+        return [Block("cpu", kv.ctypes.data + b * k * self.row_bytes, k, self.width) for b in range(self.n_buffers)]
+
+    def read(self, rows: int) -> np.ndarray:
+        out = np.empty((self.n_buffers, rows, *self.row_shape), np.float32)
+        if rows:
+            window = [Block(self.device, self.ptr(b, 0), rows, self.width) for b in range(self.n_buffers)]
+            self.gather.run(window, np.arange(rows), self._host_blocks(out))
+        return out
+
+    def write(self, kv: np.ndarray) -> None:
+        kv = np.ascontiguousarray(kv, np.float32)
+        k = kv.shape[1]
+        if k:
+            dest = [Block(self.device, self.ptr(b, 0), k, self.width) for b in range(self.n_buffers)]
+            self.gather.run(self._host_blocks(kv), np.arange(k), dest)
 
     def to_numpy(self) -> np.ndarray:
         if self._cache is None:
