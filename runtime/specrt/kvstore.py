@@ -12,6 +12,7 @@ side copies the cache.
 
 Compaction (:meth:`compact`) keeps window slots ``keep`` (ascending, [k]) of the rows after
 ``past`` as rows ``past .. past + k - 1``; rolling back is the caller's ``past = k``, no copy.
+:meth:`read` / :meth:`write` copy the first rows to / from the host (the prefix cache's entries).
 """
 
 from __future__ import annotations
