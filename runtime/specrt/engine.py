@@ -245,6 +245,7 @@ class SpeculativeLoop:
         for out in prefill(self.decoder, prompt[self.decoder.past :], chunk, last_logits_only=True):
             hidden.append(out.hidden_states)
         last_logits, states = out.logits[-1], np.concatenate(hidden)  # [vocab], [t, hidden]
+        states.setflags(write=False)  # drafters read it; a cache hit hands later requests the same array
         if cache is not None and cache.fits(self.decoder.snapshot_bytes(len(prompt)) + states.nbytes):
             cache.insert(PrefixEntry(prompt.copy(), self.decoder.snapshot(len(prompt)), states, last_logits.copy(),
                                      chunk))

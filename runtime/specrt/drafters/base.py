@@ -57,7 +57,8 @@ class Drafter(Protocol):
     """
 
     def begin(self, prompt: np.ndarray, hidden_states: np.ndarray) -> None:
-        """The prompt ([t] int64) and its final-norm hidden states ([t, hidden] float32)."""
+        """The prompt ([t] int64) and its final-norm hidden states ([t, hidden] float32, read-only:
+        the prefix cache may hand the same array to later requests)."""
         ...
 
     def propose(self, context: np.ndarray, budget: int) -> DraftTree:
