@@ -195,3 +195,23 @@ def test_no_cache_by_default(tiny_artifact):
         _, loop = model.generate_ids(ids, method="baseline", max_new_tokens=2)
         assert loop.stats.cached_prompt_tokens == 0
     assert model.prefix_cache is None
+
+
+def test_concurrent_requests_share_the_cache_and_keep_their_outputs(tiny_artifact):
+    from concurrent.futures import ThreadPoolExecutor
+
+    from tests.tiny import PROMPTS
+
+    folder = tiny_artifact[0]
+    cold = specrt.load(folder)
+    cached = specrt.load(folder, prefix_cache_mb=16)
+    shared = "for i in range(10):\n    print(i)\n" * 3  # a common beginning: whole chunks of 4 to reuse
+    prompts = [cold.encode(shared + text) for text in PROMPTS] * 3  # each prompt three times
+    options = dict(method="suffix_decoding", tree=True, max_new_tokens=16, prefill_chunk=4)
+    want = [cold.generate_ids(ids, **options)[0] for ids in prompts]
+    with ThreadPoolExecutor(4) as pool:
+        got = list(pool.map(lambda ids: cached.generate_ids(ids, **options), prompts))
+    for (ids, _), expected in zip(got, want, strict=True):
+        assert np.array_equal(ids, expected)
+    assert sum(loop.stats.cached_prompt_tokens > 0 for _, loop in got) >= len(PROMPTS)  # the repeats hit at least
+    assert cached.prefix_cache.hits >= len(PROMPTS)
