@@ -6,9 +6,11 @@
 
 The measuring core of the benchmark stages (``pipeline.pair_bench``) and a CLI for quick looks.
 The machines are shared and noisy, so for every prompt and temperature plain decoding
-(``baseline``) runs first and every method right after it, on the same prompt with the same
-seed: a method's speedup is its decode tokens/s over the baseline's measured moments earlier
-(summed tokens over summed seconds across prompts). Prefill time is reported apart: the
+(``baseline``) runs first, every method right after it, on the same prompt with the same seed,
+and the baseline once more at the end: a method's speedup is its decode tokens/s over the mean
+of the two baseline runs that bracket it (summed tokens over summed seconds across prompts), and
+every run reports ``baseline_drift``, the largest change of the baseline's speed between its two
+runs over the prompts: how far the machine moved while the methods ran. Prefill time is reported apart: the
 baseline's cold prefill of each prompt, for every run. The stages load the model with a prefix
 cache (``PREFIX_CACHE_MB``), so every method run reuses the baseline's prompt KV instead of
 running the same prefill passes again (bit for bit the same rows: specrt.prefix_cache). Greedy runs
@@ -19,6 +21,7 @@ which the statistical tests check, not this benchmark.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import statistics
@@ -62,6 +65,22 @@ class Run:
         return f"{self.method}/{'tree' if self.tree else 'chain'}/t{self.temperature:g}{suffix}"
 
 
+@dataclass(frozen=True)
+class Baseline:
+    """Plain decoding of one prompt, run before and after that prompt's method runs."""
+
+    tokens: int  # decode tokens of one run (both runs emit the same tokens)
+    seconds: float  # decode seconds, the mean of the two runs
+    prefill_s: float  # the first run's prefill (cold: nothing cached yet)
+    drift: float  # the second run's decode tok/s over the first's, minus 1
+
+    @classmethod
+    def bracket(cls, before: LoopStats, after: LoopStats) -> Baseline:
+        first, second = before.decode_tokens_per_s, after.decode_tokens_per_s
+        return cls(before.decode_tokens, (before.decode_s + after.decode_s) / 2, before.prefill_s,
+                   second / first - 1 if first else 0.0)
+
+
 @dataclass
 class Tally:
     """Sums over the prompts of one run (or one run and one task)."""
@@ -74,14 +93,15 @@ class Tally:
     steps: int = 0
     drafted: int = 0
     accepted: int = 0
-    base_tokens: int = 0  # the baseline runs measured right before, on the same prompts
+    base_tokens: int = 0  # the baseline runs that bracket this run's, on the same prompts
     base_seconds: float = 0.0
+    drifts: list[float] = field(default_factory=list)  # per prompt: the baseline's change between its two runs
     matched: int = 0  # greedy: tokens equal to the baseline's before the first divergence
     compared: int = 0
     prompt_tokens_per_s: list[float] = field(default_factory=list)  # decode tok/s per prompt
     accepted_lengths: list[int] = field(default_factory=list)  # per verify step
 
-    def add(self, stats: LoopStats, base: LoopStats, match: tuple[int, int] | None) -> None:
+    def add(self, stats: LoopStats, base: Baseline, match: tuple[int, int] | None) -> None:
         self.tokens += stats.decode_tokens
         self.seconds += stats.decode_s
         self.prefill_s += base.prefill_s
@@ -90,8 +110,9 @@ class Tally:
         self.steps += stats.steps
         self.drafted += stats.drafted
         self.accepted += stats.accepted
-        self.base_tokens += base.decode_tokens
-        self.base_seconds += base.decode_s
+        self.base_tokens += base.tokens
+        self.base_seconds += base.seconds
+        self.drifts.append(base.drift)
         if match is not None:
             self.matched += match[0]
             self.compared += match[1]
@@ -110,6 +131,7 @@ class Tally:
             "decode_tokens_per_s_std": round(statistics.stdev(per_prompt), 3) if len(per_prompt) > 1 else 0.0,
             "baseline_decode_tokens_per_s": round(base_tps, 3),
             "speedup": round(tps / base_tps, 3) if base_tps else 0.0,
+            "baseline_drift": round(max(self.drifts, key=abs), 4) if self.drifts else 0.0,
             "mean_tokens_per_step": round(self.tokens / self.steps, 3) if self.steps else 0.0,
             "acceptance_rate": round(self.accepted / self.drafted, 4) if self.drafted else 0.0,
             "token_match": round(self.matched / self.compared, 6) if self.compared else None,
@@ -148,10 +170,7 @@ def measure(
             if model.prefix_cache is not None:  # the baseline's prefill runs cold: the prefill every run reports
                 model.prefix_cache.clear()
             base, base_loop = model.generate_ids(prompt.ids, method="baseline", **options)
-            reference = Run("baseline", False, temperature)
-            for task in (prompt.task, "all"):
-                tallies.setdefault(reference.name, {}).setdefault(task, Tally()).add(
-                    base_loop.stats, base_loop.stats, (len(base), len(base)) if temperature == 0 else None)
+            done = []  # (run, its loop stats, token match with the baseline)
             for run in runs:
                 if run.temperature != temperature or run.method == "baseline":
                     continue
@@ -161,8 +180,19 @@ def measure(
                 match = matched_prefix(ids, base) if temperature == 0 else None
                 if match is not None and match[0] != match[1]:
                     log.warning("%s differs from baseline on prompt %d at token %d", run.name, seed, match[0])
+                done.append((run, loop.stats, match))
+            again, again_loop = model.generate_ids(prompt.ids, method="baseline", **options)
+            if not np.array_equal(again, base):  # same prompt, same seed: plain decoding must repeat itself
+                log.warning("baseline on prompt %d did not repeat itself (t=%g)", seed, temperature)
+            reference = Baseline.bracket(base_loop.stats, again_loop.stats)
+            plain = Run("baseline", False, temperature)  # both baseline runs count in its row (speedup 1.0)
+            done += [(plain, base_loop.stats, (len(base), len(base)) if temperature == 0 else None),
+                     (plain, again_loop.stats, matched_prefix(again, base) if temperature == 0 else None)]
+            for i, (run, stats, match) in enumerate(done):
+                # the baseline row counts the prompt's prefill once, with its first run
+                ref = dataclasses.replace(reference, prefill_s=0.0) if i == len(done) - 1 else reference
                 for task in (prompt.task, "all"):
-                    tallies.setdefault(run.name, {}).setdefault(task, Tally()).add(loop.stats, base_loop.stats, match)
+                    tallies.setdefault(run.name, {}).setdefault(task, Tally()).add(stats, ref, match)
     return tallies
 
 

@@ -11,8 +11,9 @@ the conversation so far in the model's chat template, with the model's own greed
 earlier turns (decoded text, fed back as the assistant's messages). A prompt longer than
 ``max_prompt_tokens`` keeps its last tokens (the question's end and the generation prompt).
 
-For every prompt, plain decoding of the same artifact runs first and each method right after it
-(pipeline.bench), greedy. Written:
+For every prompt, plain decoding of the same artifact runs first, each method right after it, and
+plain decoding once more at the end (pipeline.bench), greedy: speedups are over the mean of the two
+plain runs, and ``baseline_drift`` says how far the machine moved between them. Written:
 
 - ``--metrics`` (JSON): per run overall decode tok/s, speedup, tokens/step, token match, the per-step
   time split (draft / verify / overhead); per task speedups; the roofline of plain decoding for
@@ -102,7 +103,8 @@ def report_tables(tallies: dict[str, dict[str, Tally]]) -> tuple[str, str, list[
     tasks = [t for t in (*TASKS, "all") if any(t in by_task for by_task in tallies.values())]
     buf = io.StringIO()
     fields = ["run", "task", "decode_tokens_per_s", "decode_tokens_per_s_std", "baseline_decode_tokens_per_s",
-              "speedup", "mean_tokens_per_step", "acceptance_rate", "token_match", "prefill_s", "draft_share",
+              "speedup", "baseline_drift", "mean_tokens_per_step", "acceptance_rate", "token_match", "prefill_s",
+              "draft_share",
               "verify_share", "overhead_share", "decode_tokens", "steps"]
     writer = csv.DictWriter(buf, fieldnames=fields, lineterminator="\n")
     writer.writeheader()

@@ -6,13 +6,13 @@ decoding of the target, side by side (CPU).
         --out artifacts/pair/bench-int4.json --plot artifacts/pair/plots/bench-int4.json
 
 For every Spec-Bench prompt (first turns, ``pair_bench.prompts_per_task`` per task of
-``pair_bench.tasks``, all six when null) and every
-temperature, the target decodes plainly (the cached autoregressive baseline: one token per target
-pass with its KV cache) and then each method of ``pair_bench.methods`` (sd, hsd, hsd_capped) right
-after it with the same seed. The report gives per run decode tokens/s, the baseline's, the
-speedup, the acceptance rate (accepted / drafted tokens), mean tokens per verify step, the prefill
-time apart and the share of the decode time spent drafting. Note that the speedups the papers
-report are often against an *uncached* baseline; ours is cached.
+``pair_bench.tasks``, all six when null) and every temperature, the target decodes plainly (the
+cached autoregressive baseline: one token per target pass with its KV cache), then each method
+of ``pair_bench.methods`` (sd, hsd, hsd_capped) right after it with the same seed, then plain
+decoding again (speedups over the mean of the two). The report gives per run decode tokens/s,
+the baseline's, the speedup, the acceptance rate (accepted / drafted tokens), mean tokens per
+verify step, the prefill time apart and the share of the decode time spent drafting. Note that
+the speedups the papers report are often against an *uncached* baseline; ours is cached.
 
 Greedy runs must equal the baseline token for token: exit 1 if one differs while the target
 artifact is spec-safe (a flagged target is reported, not failed).

@@ -81,7 +81,8 @@ def benchmark_rows(root: Path) -> list[str]:
             best = report["runs"][report["best"]]
             lines.append(f"{report['model']} [{report['variant']}] Spec-Bench ({report['prompts']} prompts): best "
                          f"{report['best']} {best['speedup']:.2f}x over plain decoding, token match "
-                         f"{best['token_match']:.3f}")
+                         f"{best['token_match']:.3f}"
+                         + (f", baseline drift {best['baseline_drift']:+.0%}" if "baseline_drift" in best else ""))
     for path in sorted(root.glob("*/peers-*.json")):  # one per variant of the peers stage
         ratios = json.loads(path.read_text())["ratios"]
         lines += [f"{path.parent.name}: {name} = {ratio:.2f}" for name, ratio in ratios.items()]

@@ -46,6 +46,31 @@ def test_measure_runs_each_method_against_the_baseline_of_its_temperature(model)
     assert markdown(results).count("\n") == 1 + len(results)  # header and rule, then one row per run
 
 
+def test_every_run_is_measured_against_two_baseline_runs_that_bracket_it(model, monkeypatch):
+    prompts = [Prompt("qa", model.encode(PROMPTS[0])), Prompt("rag", model.encode(PROMPTS[1]))]
+    order, real = [], model.generate_ids
+
+    def spy(ids, **options):
+        ids_out, loop = real(ids, **options)
+        order.append(options["method"])
+        # a machine that slows down while the methods run: the opening baseline decodes in 1 s, the closing one in 2 s
+        if options["method"] == "baseline":
+            loop.stats.decode_s = 1.0 if order.count("baseline") % 2 else 2.0
+        return ids_out, loop
+
+    monkeypatch.setattr(model, "generate_ids", spy)
+    tallies = measure(model, prompts, [Run("pld", False, 0.0)], max_new_tokens=10, draft_budget=4)
+    assert order == ["baseline", "pld", "baseline"] * 2
+    base, pld = tallies["baseline/chain/t0"]["all"], tallies["pld/chain/t0"]["all"]
+    assert base.summary()["baseline_drift"] == pytest.approx(-0.5, abs=1e-9)  # half the speed the second time
+    assert pld.summary()["baseline_drift"] == pytest.approx(-0.5, abs=1e-9)
+    assert base.summary()["speedup"] == 1.0 and base.summary()["token_match"] == 1.0
+    # the reference of a run is the mean of the two baseline runs: 1.5 s per prompt
+    assert pld.base_seconds == pytest.approx(2 * 1.5)
+    assert base.base_seconds == pytest.approx(2 * 2 * 1.5) and base.seconds == pytest.approx(2 * (1.0 + 2.0))
+    assert base.prefill_s == pytest.approx(pld.prefill_s)  # the prompt's prefill counted once
+
+
 def test_with_a_prefix_cache_methods_reuse_the_cold_baseline_prefill(tiny_artifact, monkeypatch):
     model = specrt.load(tiny_artifact[0], prefix_cache_mb=8)
     prompts = [Prompt("qa", model.encode(PROMPTS[0])), Prompt("qa", model.encode(PROMPTS[0]))]  # the same twice
@@ -62,9 +87,9 @@ def test_with_a_prefix_cache_methods_reuse_the_cold_baseline_prefill(tiny_artifa
                       max_new_tokens=8, draft_budget=4)
     n = len(prompts[0].ids)
     # per prompt: the baseline prefills cold (the cache is cleared before it, even for a repeated
-    # prompt), every method after it reuses the whole prompt
-    assert [(m, c) for m, c, _ in stats] == [("baseline", 0), ("pld", n), ("suffix_decoding", n)] * 2
-    cold = stats[0][2] + stats[3][2]
+    # prompt), every method after it and the closing baseline reuse the whole prompt
+    assert [(m, c) for m, c, _ in stats] == [("baseline", 0), ("pld", n), ("suffix_decoding", n), ("baseline", n)] * 2
+    cold = stats[0][2] + stats[4][2]
     for name in ("baseline/chain/t0", "pld/chain/t0", "suffix_decoding/tree/t0"):
         assert tallies[name]["all"].prefill_s == pytest.approx(cold)  # every run reports the cold prefill
         assert tallies[name]["all"].summary()["token_match"] in (None, 1.0)
@@ -176,14 +201,15 @@ def test_summary_prints_the_best_benchmark_run_and_peer_ratios(tmp_path):
     from pipeline.summary import benchmark_rows
 
     (tmp_path / "m").mkdir()
-    run = {"speedup": 1.5, "token_match": 1.0}
+    run = {"speedup": 1.5, "token_match": 1.0, "baseline_drift": -0.034}
     (tmp_path / "m" / "benchmark-int4.json").write_text(json.dumps(
         {"model": "m", "variant": "int4", "prompts": 7, "best": "pld/tree/t0", "runs": {"pld/tree/t0": run}}))
     (tmp_path / "m" / "peers-int4.json").write_text(json.dumps({"ratios": {"specrt/int4/pld / hf/fp32/plain": 3.0}}))
     (tmp_path / "m" / "peers-int8.json").write_text(json.dumps(
         {"ratios": {"specrt/int8/baseline / ort-genai/int8/plain": 1.01}}))
     assert benchmark_rows(tmp_path) == [
-        "m [int4] Spec-Bench (7 prompts): best pld/tree/t0 1.50x over plain decoding, token match 1.000",
+        "m [int4] Spec-Bench (7 prompts): best pld/tree/t0 1.50x over plain decoding, token match 1.000, "
+        "baseline drift -3%",
         "m: specrt/int4/pld / hf/fp32/plain = 3.00",
         "m: specrt/int8/baseline / ort-genai/int8/plain = 1.01",
     ]
