@@ -50,6 +50,7 @@ from tokenizers import Tokenizer
 
 from ..backend import OrtDecoder
 from ..errors import ArtifactError, InvalidRequestError
+from ..prefix_cache import common_prefix
 from ..rejection import Verifier
 from ..sampling import SamplingParams, sample, target_probs
 from ..tree import DraftTree, causal_bias
@@ -217,8 +218,7 @@ class DraftModelDrafter:
         """Cut the cache back to the longest prefix it shares with ``context``, its last token excluded."""
         past = self.decoder.past
         n = min(past, len(context) - 1)
-        differ = np.flatnonzero(self.cached[:n] != context[:n])
-        keep = int(differ[0]) if len(differ) else n
+        keep = common_prefix(self.cached[:n], context[:n])
         if keep < past:
             self.decoder.truncate(keep)
 
