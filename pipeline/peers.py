@@ -31,7 +31,9 @@ Peers, each greedy, batch 1, on the CPU, with the same intra-op thread count as 
 
 Prompts are token ids: the first turns of Spec-Bench questions in the model's chat template
 (``model.encode(turn, chat=True)`` of the artifact, or else the HF tokenizer with the template
-split as the export stage splits it: the same ids), cut at ``max_prompt_tokens``. Every peer gets
+split as the export stage splits it: the same ids); a prompt longer than ``max_prompt_tokens``
+keeps its last tokens, as in the benchmark stage (the question's end and the generation prompt).
+Every peer gets
 the same ids and the same stop ids (the artifact's EOS ids, or else the checkpoint's
 generation-config EOS), and every run records the ids it generated (EOS kept, as specrt does).
 
@@ -42,6 +44,14 @@ onnxruntime-genai: ``append_tokens`` runs the prompt and the first ``generate_ne
 picks the first token, the two together are the prefill. transformers: a streamer stamps the
 time of each ``put``; its second call carries the first new token. Before timing, each model
 generates 4 untimed tokens for the first prompt (allocations, lazy weight prepacking).
+
+Order: every model runs in its own worker process (:mod:`pipeline.peer_worker`: one onnxruntime
+session or torch model per process, one process computing at a time), and the runs are
+interleaved prompt by prompt, over ``rounds`` rounds that alternate the order of the runs
+(:func:`interleave`): the runs compared in a ratio are seconds apart, not minutes, and a steady
+drift of the machine's speed favours none of them. The report sums each run over every round
+and keeps each round's decode tok/s (``round_decode_tokens_per_s``; the metrics'
+``round_ratios``), whose spread is the measurement's.
 transformers' prompt lookup has no separate prefill: its first pass verifies drafts over the
 prompt, so its first ``put`` may carry several tokens; they count as prefill tokens
 (``prefill_tokens``), and ``decode_tokens`` = new tokens - prefill tokens. (onnxruntime-genai's
@@ -60,7 +70,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -199,7 +210,7 @@ def build_genai(
     return {**record, "reused": False}
 
 
-def _genai_model(model_dir: Path, threads: int | None, eos_token_ids: Sequence[int] | None) -> Any:
+def genai_model(model_dir: Path, threads: int | None, eos_token_ids: Sequence[int] | None) -> Any:
     import onnxruntime_genai as og
 
     config = og.Config(str(model_dir))
@@ -220,7 +231,7 @@ def _genai_eos(model_dir: Path, eos_token_ids: Sequence[int] | None) -> frozense
     return frozenset(int(t) for t in eos_token_ids)
 
 
-def _genai_generate(og: Any, model: Any, prompt: np.ndarray, max_new_tokens: int,
+def genai_generate(og: Any, model: Any, prompt: np.ndarray, max_new_tokens: int,
                     speculative: dict[str, Any] | None, eos: frozenset[int]) -> tuple[np.ndarray, float, float, dict]:
     """(new ids [k] int64, prefill_s, decode_s, speculative stats) of one greedy generation."""
     params = og.GeneratorParams(model)
@@ -258,10 +269,10 @@ def run_genai(
     speculative decoding. ``eos_token_ids`` replaces the model's stop ids."""
     import onnxruntime_genai as og
 
-    model = _genai_model(Path(model_dir), threads, eos_token_ids)
+    model = genai_model(Path(model_dir), threads, eos_token_ids)
     eos = _genai_eos(Path(model_dir), eos_token_ids)
-    _genai_generate(og, model, prompts[0], min(WARMUP_TOKENS, max_new_tokens), speculative, eos)
-    results = [_genai_generate(og, model, p, max_new_tokens, speculative, eos) for p in prompts]
+    genai_generate(og, model, prompts[0], min(WARMUP_TOKENS, max_new_tokens), speculative, eos)
+    results = [genai_generate(og, model, p, max_new_tokens, speculative, eos) for p in prompts]
     name = name or f"ort-genai/{Path(model_dir).name}/{'ngram' if speculative else 'plain'}"
     report = _tally(name, [(ids, pre, dec, 1) for ids, pre, dec, _ in results])
     if speculative:
@@ -296,26 +307,18 @@ def _hf_clock() -> Any:
     return Clock()
 
 
-def run_hf(
-    hf_dir: Path,
-    prompts: Sequence[np.ndarray],
-    max_new_tokens: int,
-    threads: int | None,
-    prompt_lookup: int | None = None,
-    *,
-    eos_token_ids: Sequence[int] | None = None,
-    model: Any = None,
-    name: str | None = None,
-) -> dict[str, Any]:
-    """Greedy transformers ``generate`` (torch, fp32) of every prompt; with ``prompt_lookup`` = N,
-    prompt-lookup decoding (``prompt_lookup_num_tokens=N``). ``model``: an already loaded
-    ``AutoModelForCausalLM`` of ``hf_dir`` (spares a second load)."""
+HfGenerate = Callable[[np.ndarray, int], tuple[np.ndarray, float, float, int]]
+
+
+def hf_generator(model: Any, threads: int | None, prompt_lookup: int | None,
+                 eos_token_ids: Sequence[int] | None) -> HfGenerate:
+    """``generate(prompt [t] ids, n) -> (new ids [k], prefill_s, decode_s, tokens known when the
+    prefill ended)``: greedy transformers ``generate`` on ``model``; with ``prompt_lookup`` = N,
+    prompt-lookup decoding (``prompt_lookup_num_tokens=N``)."""
     import torch
 
     if threads is not None:
         torch.set_num_threads(threads)
-    if model is None:
-        model = load_causal_lm(hf_dir)
     eos = list(eos_token_ids) if eos_token_ids is not None else model.generation_config.eos_token_id
     eos_list = eos if isinstance(eos, list) else [eos]
     options: dict[str, Any] = dict(do_sample=False, eos_token_id=eos_list, pad_token_id=eos_list[0])
@@ -334,6 +337,24 @@ def run_hf(
         first, first_tokens = clock.stamps[1] if len(clock.stamps) > 1 else (t_end, len(new))
         return new, first - t0, t_end - first, first_tokens
 
+    return generate
+
+
+def run_hf(
+    hf_dir: Path,
+    prompts: Sequence[np.ndarray],
+    max_new_tokens: int,
+    threads: int | None,
+    prompt_lookup: int | None = None,
+    *,
+    eos_token_ids: Sequence[int] | None = None,
+    model: Any = None,
+    name: str | None = None,
+) -> dict[str, Any]:
+    """Greedy transformers ``generate`` (torch, fp32) of every prompt in this process (see
+    :func:`hf_generator`). ``model``: an already loaded ``AutoModelForCausalLM`` of ``hf_dir``."""
+    generate = hf_generator(model if model is not None else load_causal_lm(hf_dir), threads, prompt_lookup,
+                            eos_token_ids)
     generate(prompts[0], min(WARMUP_TOKENS, max_new_tokens))
     report = _tally(name or f"hf/fp32/{'prompt_lookup' if prompt_lookup else 'plain'}",
                     [generate(p, max_new_tokens) for p in prompts])
@@ -415,9 +436,30 @@ def hf_prompts(hf_dir: Path, texts: Sequence[str], max_prompt_tokens: int) -> tu
     tokenizer = AutoTokenizer.from_pretrained(hf_dir)
     chat = chat_template(tokenizer)
     wrap = (lambda t: chat.prefix + t + chat.suffix) if chat else (lambda t: t)
-    prompts = [np.array(tokenizer(wrap(t))["input_ids"], np.int64)[:max_prompt_tokens] for t in texts]
+    prompts = [np.array(tokenizer(wrap(t))["input_ids"], np.int64)[-max_prompt_tokens:] for t in texts]
     eos = GenerationConfig.from_pretrained(hf_dir).eos_token_id
     return prompts, [int(e) for e in (eos if isinstance(eos, list) else [eos])]
+
+
+@dataclass(frozen=True)
+class PeerRun:
+    """One run of the report: a worker (one model in its own process) and the options of its requests."""
+
+    name: str  # e.g. "ort-genai/int4/ngram"
+    worker: str  # key of the worker that serves it
+    options: dict[str, Any]  # request options (pipeline.peer_worker)
+    rounds: int | None = None  # the rounds it takes part in (None: all)
+
+
+def interleave(runs: Sequence[PeerRun], prompts: int, rounds: int) -> list[tuple[int, int, PeerRun]]:
+    """The order of the (round, prompt, run) generations: prompt by prompt, every run in turn; odd
+    rounds take the runs in reverse order, so a drift of the machine's speed during a round favours
+    no run (the first run of an even round is the last of an odd one)."""
+    order = []
+    for r in range(rounds):
+        turn = [run for run in (runs if r % 2 == 0 else runs[::-1]) if run.rounds is None or r < run.rounds]
+        order += [(r, i, run) for i in range(prompts) for run in turn]
+    return order
 
 
 def run(
@@ -428,7 +470,7 @@ def run(
     precisions: Sequence[str] = GENAI_PRECISIONS,
     per_task: int = 1,
     max_prompts: int | None = None,
-    max_prompt_tokens: int = 256,
+    max_prompt_tokens: int = 2048,
     max_new_tokens: int = 48,
     threads: int | None = None,
     prompt_lookup: int = 10,
@@ -437,31 +479,31 @@ def run(
     methods: Sequence[str] = ("pld",),
     hf: bool = True,
     rebuild: bool = False,
+    rounds: int = 2,
 ) -> dict[str, Any]:
     """Worker of the CLI: builds the genai models under ``build_dir/<precision>``, runs every peer
     on the same prompt ids, and returns the report. ``methods``: specrt's methods run on
-    ``artifact`` after its plain decoding (``baseline``, the reference of every token match)."""
+    ``artifact`` beside its plain decoding (``baseline``, the reference of every token match).
+
+    Every model runs in its own worker process (:mod:`pipeline.peer_worker`); the generations are
+    interleaved prompt by prompt over ``rounds`` rounds (:func:`interleave`), the transformers runs
+    in the first round only (they are ~7x slower than every ONNX peer and decide no goal)."""
+    from .peer_worker import PeerWorker, WorkerConfig
+
+    if rounds < 1:
+        raise ValueError(f"rounds must be >= 1, got {rounds}")
     genai_ngram = dict(GENAI_NGRAM if genai_ngram is None else genai_ngram)
     questions = first_per_task(read_questions(questions_path), per_task)[:max_prompts]
     texts = [q.turns[0] for q in questions]
-    runs: list[dict[str, Any]] = []
-    reference = None
+    variant = ""  # of the artifact
     if artifact is not None:
         import specrt
 
-        model = specrt.load(artifact, threads=threads)
+        model = specrt.load(artifact, threads=threads)  # for its tokenizer; the worker loads its own
         chat = model.manifest.chat is not None
-        prompts = [model.encode(t, chat=chat)[:max_prompt_tokens] for t in texts]
+        prompts = [model.encode(t, chat=chat)[-max_prompt_tokens:] for t in texts]
         eos = list(model.manifest.eos_token_ids)
-        model.generate_ids(prompts[0], method="baseline", max_new_tokens=WARMUP_TOKENS)
-        for method in ("baseline", *(m for m in methods if m != "baseline")):
-            results = []
-            for p in prompts:
-                model.forget_history()
-                ids, loop = model.generate_ids(p, method=method, max_new_tokens=max_new_tokens)
-                results.append((ids, loop.stats.prefill_s, loop.stats.decode_s, 1))
-            runs.append(_tally(f"specrt/{model.manifest.variant}/{method}", results))
-        reference = runs[0]
+        variant = model.manifest.variant
         del model
     else:
         prompts, eos = hf_prompts(hf_dir, texts, max_prompt_tokens)
@@ -473,35 +515,55 @@ def run(
                 log.info("reusing %s (built by the same command from the same checkpoint files)",
                          Path(build_dir) / precision)
                 builds[precision] = {**record, "reused": True}
-    torch_model = None  # hf_dir's model, loaded once for the builder's checkpoint and the transformers runs
-    to_build = [p for p in precisions if p not in builds]
-    if to_build:
-        # One full checkpoint for every build (a temporary one when hf_dir's weights are a GGUF),
-        # removed before the runs start.
-        Path(build_dir).mkdir(parents=True, exist_ok=True)
-        if hf and not has_weights(hf_dir):
-            torch_model = load_causal_lm(hf_dir)
-        with full_checkpoint(hf_dir, scratch=Path(build_dir), model=torch_model) as checkpoint:
-            for precision in to_build:
-                builds[precision] = build_genai(hf_dir, Path(build_dir) / precision, precision, reuse=False,
-                                                checkpoint=checkpoint)
-    builds = {precision: builds[precision] for precision in precisions}  # in the order asked for
-    for precision in precisions:
-        model_dir = Path(build_dir) / precision
-        runs.append(run_genai(model_dir, prompts, max_new_tokens, threads, eos_token_ids=eos,
-                              name=f"ort-genai/{precision}/plain"))
-        runs.append(run_genai(model_dir, prompts, max_new_tokens, threads, eos_token_ids=eos,
-                              speculative=genai_ngram, name=f"ort-genai/{precision}/ngram"))
-    if hf:
-        model = torch_model if torch_model is not None else load_causal_lm(hf_dir)
-        torch_model = None
-        for lookup in (None, prompt_lookup) if prompt_lookup else (None,):
-            runs.append(run_hf(hf_dir, prompts, max_new_tokens, threads, lookup, eos_token_ids=eos, model=model))
-        del model
-    if reference is None:
-        names = [r["name"] for r in runs]
-        reference = runs[names.index("hf/fp32/plain") if "hf/fp32/plain" in names else 0]
-    add_token_match(runs, reference)
+
+    def config(kind: str, path: Path, options: Sequence[dict[str, Any]]) -> WorkerConfig:
+        return WorkerConfig(kind, str(Path(path).resolve()), threads, tuple(eos), tuple(int(t) for t in prompts[0]),
+                            min(WARMUP_TOKENS, max_new_tokens), tuple(options))
+
+    hf_options = [{"prompt_lookup": None}, *([{"prompt_lookup": prompt_lookup}] if prompt_lookup else [])]
+    workers: dict[str, PeerWorker] = {}
+    with contextlib.ExitStack() as stack:
+        to_build = [p for p in precisions if p not in builds]
+        if to_build:
+            # One full checkpoint for every build (a temporary one when hf_dir's weights are a GGUF),
+            # removed once the builds are done and the transformers worker has loaded it.
+            Path(build_dir).mkdir(parents=True, exist_ok=True)
+            torch_model = load_causal_lm(hf_dir) if hf and not has_weights(hf_dir) else None
+            with full_checkpoint(hf_dir, scratch=Path(build_dir), model=torch_model) as checkpoint:
+                del torch_model
+                for precision in to_build:
+                    builds[precision] = build_genai(hf_dir, Path(build_dir) / precision, precision, reuse=False,
+                                                    checkpoint=checkpoint)
+                if hf:
+                    workers["hf"] = stack.enter_context(PeerWorker("hf", config("hf", checkpoint, hf_options)))
+        builds = {precision: builds[precision] for precision in precisions}  # in the order asked for
+        if hf and "hf" not in workers:
+            workers["hf"] = stack.enter_context(PeerWorker("hf", config("hf", hf_dir, hf_options)))
+        runs: list[PeerRun] = []
+        if artifact is not None:
+            workers["specrt"] = stack.enter_context(
+                PeerWorker("specrt", config("specrt", artifact, [{"method": "baseline"}])))
+            runs += [PeerRun(f"specrt/{variant}/{m}", "specrt", {"method": m})
+                     for m in ("baseline", *(m for m in methods if m != "baseline"))]
+        for precision in precisions:
+            key = f"genai/{precision}"
+            options = [{"speculative": None}, {"speculative": genai_ngram}]
+            workers[key] = stack.enter_context(
+                PeerWorker(key, config("genai", Path(build_dir) / precision, options)))
+            runs += [PeerRun(f"ort-genai/{precision}/plain", key, options[0]),
+                     PeerRun(f"ort-genai/{precision}/ngram", key, options[1])]
+        if hf:
+            runs += [PeerRun(f"hf/fp32/{'prompt_lookup' if o['prompt_lookup'] else 'plain'}", "hf", o, rounds=1)
+                     for o in hf_options]
+        results: dict[str, list[list[Any]]] = {r.name: [[] for _ in range(rounds)] for r in runs}
+        for r, i, peer_run in interleave(runs, len(prompts), rounds):
+            results[peer_run.name][r].append(workers[peer_run.worker].generate(prompts[i], max_new_tokens,
+                                                                               peer_run.options))
+    reports = [_report(peer_run, [rr for rr in results[peer_run.name] if rr]) for peer_run in runs]
+    reference = reports[0] if artifact is not None else next(
+        (r for r in reports if r["name"] == "hf/fp32/plain"), reports[0] if reports else None)
+    if reference is not None:
+        add_token_match(reports, reference)
     return {
         "hf_dir": str(hf_dir),
         "artifact": str(artifact) if artifact else None,
@@ -511,23 +573,54 @@ def run(
         "eos_token_ids": eos,
         "max_new_tokens": max_new_tokens,
         "threads": threads,
+        "rounds": rounds,
         "cpu_count": os.cpu_count(),
         "versions": versions(),
         "builds": builds,
-        "runs": runs,
+        "runs": reports,
     }
+
+
+def _report(peer_run: PeerRun, by_round: Sequence[Sequence[tuple]]) -> dict[str, Any]:
+    """One run's entry: sums over every round and prompt (``_tally``; ids of the first round),
+    each round's decode tok/s, whether every round gave the same ids, and the speculative options
+    and counters of the peers that report them."""
+    flat = [(ids, pre, dec, first) for one in by_round for ids, pre, dec, first, _ in one]
+    report = _tally(peer_run.name, flat)
+    report["ids"] = [ids.tolist() for ids, *_ in by_round[0]]
+    report["round_decode_tokens_per_s"] = [_tally(peer_run.name, [x[:4] for x in one])["decode_tokens_per_s"]
+                                           for one in by_round]
+    report["repeatable"] = all([ids.tolist() for ids, *_ in one] == report["ids"] for one in by_round)
+    options = peer_run.options
+    if options.get("speculative"):
+        report["speculative_options"] = dict(options["speculative"])
+        stats = [s for one in by_round for *_, s in one]
+        totals = {k: int(sum(s.get(k, 0) for s in stats)) for k in SPEC_STATS}
+        totals["acceptance"] = round(totals["draft_tokens_accepted"] / totals["draft_tokens_proposed"], 4) \
+            if totals["draft_tokens_proposed"] else 0.0
+        report["speculative_stats"] = totals
+    if options.get("prompt_lookup"):
+        report["prompt_lookup_num_tokens"] = options["prompt_lookup"]
+    return report
 
 
 def metrics(report: dict[str, Any]) -> dict[str, Any]:
     """Decode tok/s, prefill and token match per run, and every specrt run's decode tok/s over
-    every peer's (``ratios["specrt/int4/pld / ort-genai/int4/ngram"]``): measured in one process."""
+    every peer's (``ratios["specrt/int4/pld / ort-genai/int4/ngram"]``: summed over the rounds;
+    ``round_ratios``: the same ratio in each round both runs took part in)."""
     runs = {r["name"]: {k: r[k] for k in ("decode_tokens_per_s", "prefill_s", "token_match")}
             for r in report["runs"]}
+    per_round = {r["name"]: r.get("round_decode_tokens_per_s", [r["decode_tokens_per_s"]]) for r in report["runs"]}
     ours = [n for n in runs if n.startswith("specrt/")]
+    pairs = [(a, b) for a in ours for b in runs if b not in ours and runs[b]["decode_tokens_per_s"] > 0]
     ratios = {f"{a} / {b}": round(runs[a]["decode_tokens_per_s"] / runs[b]["decode_tokens_per_s"], 3)
-              for a in ours for b in runs if b not in ours and runs[b]["decode_tokens_per_s"] > 0}
-    return {"threads": report["threads"], "prompts": len(report["prompt_ids"]),
-            "max_new_tokens": report["max_new_tokens"], "runs": runs, "ratios": ratios}
+              for a, b in pairs}
+    round_ratios = {f"{a} / {b}": [round(x / y, 3) for x, y in zip(per_round[a], per_round[b], strict=False)
+                                  if y > 0]
+                    for a, b in pairs}
+    return {"threads": report["threads"], "prompts": len(report["prompt_ids"]), "rounds": report.get("rounds", 1),
+            "max_new_tokens": report["max_new_tokens"], "runs": runs, "ratios": ratios,
+            "round_ratios": round_ratios}
 
 
 def artifact_variant(folder: Path) -> str:
@@ -548,7 +641,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--precisions", nargs="*", default=list(GENAI_PRECISIONS), choices=GENAI_PRECISIONS)
     parser.add_argument("--per-task", type=int, default=1, help="first turns per Spec-Bench task")
     parser.add_argument("--max-prompts", type=int, help="keep the first N of those prompts")
-    parser.add_argument("--max-prompt-tokens", type=int, default=256)
+    parser.add_argument("--max-prompt-tokens", type=int, default=2048,
+                        help="a longer prompt keeps its last tokens (the end of the question and the template)")
     parser.add_argument("--max-new-tokens", type=int, default=48)
     parser.add_argument("--threads", type=int, help="intra-op threads of every peer (default: each one's own)")
     parser.add_argument("--prompt-lookup", type=int, default=10,
@@ -559,6 +653,8 @@ def main(argv: list[str] | None = None) -> int:
                         "baseline and --methods beside the peers, and is the token-match reference")
     parser.add_argument("--methods", nargs="*", default=["pld"],
                         help="specrt methods run on --artifact besides its plain decoding (default: pld)")
+    parser.add_argument("--rounds", type=int, default=2,
+                        help="rounds of the interleaved runs (transformers runs in the first only)")
     parser.add_argument("--no-hf", action="store_true", help="leave out the transformers peer")
     parser.add_argument("--rebuild", action="store_true", help="rebuild genai models even if built by the same command")
     parser.add_argument("--params", type=Path, help="params.yaml: its `peers` section sets the options above "
@@ -569,7 +665,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.params:
         section = yaml.safe_load(args.params.read_text())["peers"]
         known = {"variants", "transformers_with", "methods", "prompts_per_task", "max_prompts", "max_prompt_tokens",
-                 "max_new_tokens", "threads", "prompt_lookup", "genai_ngram_size", "genai_max_draft_tokens"}
+                 "max_new_tokens", "threads", "prompt_lookup", "genai_ngram_size", "genai_max_draft_tokens", "rounds"}
         if set(section) - known:
             parser.error(f"{args.params}: peers.{sorted(set(section) - known)[0]} is not an option "
                          f"(known: {', '.join(sorted(known))})")
@@ -587,13 +683,16 @@ def main(argv: list[str] | None = None) -> int:
             max_new_tokens=args.max_new_tokens, threads=args.threads, prompt_lookup=args.prompt_lookup,
             genai_ngram={"ngram_size": args.genai_ngram_size, "max_draft_tokens": args.genai_max_draft_tokens},
             artifact=args.artifact, methods=args.methods, hf=not args.no_hf, rebuild=args.rebuild,
+            rounds=args.rounds,
         )
     write_text_atomic(args.out, json.dumps(report, indent=2) + "\n")
     if args.metrics:
         write_text_atomic(args.metrics, json.dumps(metrics(report), indent=2) + "\n")
     for r in report["runs"]:
-        log.info("%-28s decode %7.2f tok/s (%d tokens)  prefill %.2f s  match %.3f vs %s%s", r["name"],
-                 r["decode_tokens_per_s"], r["decode_tokens"], r["prefill_s"], r["token_match"], r["token_match_vs"],
+        rounds = "/".join(f"{x:.2f}" for x in r["round_decode_tokens_per_s"])
+        log.info("%-28s decode %7.2f tok/s (%d tokens; rounds %s)  prefill %.2f s  match %.3f vs %s%s", r["name"],
+                 r["decode_tokens_per_s"], r["decode_tokens"], rounds, r["prefill_s"], r["token_match"],
+                 r["token_match_vs"],
                  f", {r['token_match_plain']:.3f} vs its plain run" if "token_match_plain" in r else "")
     return 0
 

@@ -216,6 +216,30 @@ def test_metrics_give_each_of_our_runs_over_each_peer():
     assert m["prompts"] == 2 and set(m["runs"]) == {r["name"] for r in report["runs"]}
     assert m["ratios"] == {"specrt/int4/baseline / ort-genai/int4/plain": 0.8,
                            "specrt/int4/pld / ort-genai/int4/plain": 1.2}  # a peer at 0 tok/s gets no ratio
+    report["runs"][1]["round_decode_tokens_per_s"] = [16.0, 14.0]
+    report["runs"][2]["round_decode_tokens_per_s"] = [12.8, 12.5]  # rounds: the ratio per round
+    assert metrics(report)["round_ratios"]["specrt/int4/pld / ort-genai/int4/plain"] == [1.25, 1.12]
+    assert metrics(report)["round_ratios"]["specrt/int4/baseline / ort-genai/int4/plain"] == [0.781]  # one round: 10 / 12.8
+
+
+def test_runs_interleave_prompt_by_prompt_and_odd_rounds_reverse_the_order():
+    a, b = peers.PeerRun("a", "w1", {}), peers.PeerRun("b", "w2", {})
+    hf = peers.PeerRun("hf", "w3", {}, rounds=1)  # first round only
+    order = [(r, i, run.name) for r, i, run in peers.interleave([a, b, hf], prompts=2, rounds=3)]
+    assert order == [(0, 0, "a"), (0, 0, "b"), (0, 0, "hf"), (0, 1, "a"), (0, 1, "b"), (0, 1, "hf"),
+                     (1, 0, "b"), (1, 0, "a"), (1, 1, "b"), (1, 1, "a"),
+                     (2, 0, "a"), (2, 0, "b"), (2, 1, "a"), (2, 1, "b")]
+    assert peers.interleave([a], prompts=0, rounds=2) == []
+
+
+def test_a_worker_that_cannot_load_its_model_fails_with_its_name(tmp_path):
+    from pipeline.peer_worker import PeerWorker, WorkerConfig
+
+    config = WorkerConfig("specrt", str(tmp_path / "missing"), 1, (0,), (1, 2), 2)
+    with pytest.raises(RuntimeError, match="peer worker 'specrt/x' exited with status 1"):
+        PeerWorker("specrt/x", config)
+    with pytest.raises(ValueError, match="kind must be one of"):
+        WorkerConfig("vllm", "p", 1, (0,), (1,), 2)
 
 
 def test_params_file_sets_the_options_and_refuses_unknown_ones(tmp_path, monkeypatch):
@@ -263,11 +287,23 @@ def test_our_methods_run_after_plain_decoding_and_match_it(tiny_artifact, tmp_pa
     folder, _ = tiny_artifact
     questions = specbench_questions(tmp_path / "question.jsonl")
     report = peers.run(tmp_path / "no-hf", questions, tmp_path / "builds", precisions=(), max_prompts=2,
-                       max_new_tokens=12, threads=1, artifact=folder, methods=("suffix_decoding", "pld"), hf=False)
+                       max_new_tokens=12, threads=1, artifact=folder, methods=("suffix_decoding", "pld"), hf=False,
+                       rounds=2)
     variant = json.loads((folder / "manifest.json").read_text())["variant"]
     names = [r["name"] for r in report["runs"]]
     assert names == [f"specrt/{variant}/{m}" for m in ("baseline", "suffix_decoding", "pld")]
     assert [r["token_match"] for r in report["runs"]] == [1.0, 1.0, 1.0]
+    assert all(len(r["round_decode_tokens_per_s"]) == 2 and r["repeatable"] for r in report["runs"])
+    assert all(r["decode_tokens"] == 2 * sum(len(ids) - 1 for ids in r["ids"]) for r in report["runs"])  # 2 rounds
+
+    import specrt
+
+    model = specrt.load(folder)
+    full = [model.encode(q, chat=model.manifest.chat is not None) for q in PROMPTS[:2]]
+    short = peers.run(tmp_path / "no-hf", questions, tmp_path / "builds", precisions=(), max_prompts=2,
+                      max_prompt_tokens=5, max_new_tokens=4, threads=1, artifact=folder, methods=(), hf=False,
+                      rounds=1)
+    assert short["prompt_ids"] == [ids[-5:].tolist() for ids in full]  # a long prompt keeps its last tokens
 
 
 def test_run_loads_a_gguf_checkpoint_once_and_not_at_all_when_builds_are_reused(tiny_hf, tmp_path, monkeypatch):

@@ -1,0 +1,190 @@
+"""One peer in its own process, serving one greedy generation per request (pipeline/peers.py).
+
+The peers stage interleaves its runs prompt by prompt: for each prompt, every run in turn. Each
+model lives in its own worker process, so no two onnxruntime sessions (or a session and torch)
+share a process: several sessions in one process do not time alike (``scripts/step_cost.py``
+docstring). Only one worker computes at a time; the others wait on their pipe.
+
+    parent ──config (argv)──► worker: loads the model, warms it up, answers {"ready": ...}
+    parent ──request (line)──► worker ──result (line)──► parent      (repeated)
+    parent closes stdin ──► worker exits
+
+A request: ``{"prompt": [ids], "max_new_tokens": n, "options": {...}}`` where the options are the
+run's: ``{"method": "pld"}`` (specrt), ``{"speculative": {...} | null}`` (onnxruntime-genai),
+``{"prompt_lookup": N | null}`` (transformers). A result: ``{"ids": [new ids], "prefill_s",
+"decode_s", "first_tokens", "stats"}`` (the per-prompt tuple of ``peers._tally``), or
+``{"error": "..."}``. Lines are JSON on the worker's original stdout; anything a library prints
+goes to its stderr, which is the parent's (the stage's log).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+import numpy as np
+
+KINDS = ("specrt", "genai", "hf")
+# (prompt ids [t] int64, max_new_tokens, run options) -> (new ids [k], prefill_s, decode_s, first_tokens, stats)
+Generate = Callable[[np.ndarray, int, dict[str, Any]], tuple[np.ndarray, float, float, int, dict[str, Any]]]
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    kind: str  # one of KINDS
+    path: str  # specrt artifact folder, genai model folder, or HF checkpoint folder
+    threads: int | None
+    eos_token_ids: tuple[int, ...]
+    warmup_prompt: tuple[int, ...]  # generated untimed (warmup_tokens new tokens) once per options entry
+    warmup_tokens: int
+    warmup_options: tuple[dict[str, Any], ...] = field(default=({},))
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ValueError(f"peer worker kind must be one of {KINDS}, got {self.kind!r}")
+
+
+def _specrt_generate(config: WorkerConfig) -> Generate:
+    import specrt
+
+    model = specrt.load(config.path, threads=config.threads)
+
+    def generate(prompt: np.ndarray, n: int, options: dict[str, Any]) -> tuple[np.ndarray, float, float, int, dict]:
+        model.forget_history()  # no method learns from another prompt
+        ids, loop = model.generate_ids(prompt, method=options.get("method", "baseline"), max_new_tokens=n)
+        stats = loop.stats
+        return ids, stats.prefill_s, stats.decode_s, 1, {"steps": stats.steps, "accepted": stats.accepted}
+
+    return generate
+
+
+def _genai_generate(config: WorkerConfig) -> Generate:
+    import onnxruntime_genai as og
+
+    from .peers import genai_generate, genai_model
+
+    model = genai_model(Path(config.path), config.threads, config.eos_token_ids)
+    eos = frozenset(config.eos_token_ids)
+
+    def generate(prompt: np.ndarray, n: int, options: dict[str, Any]) -> tuple[np.ndarray, float, float, int, dict]:
+        ids, prefill_s, decode_s, stats = genai_generate(og, model, prompt, n, options.get("speculative"), eos)
+        return ids, prefill_s, decode_s, 1, stats
+
+    return generate
+
+
+def _hf_generate(config: WorkerConfig) -> Generate:
+    from .checkpoint import load_causal_lm
+    from .peers import hf_generator
+
+    model = load_causal_lm(Path(config.path))
+    by_lookup: dict[int | None, Callable] = {}
+
+    def generate(prompt: np.ndarray, n: int, options: dict[str, Any]) -> tuple[np.ndarray, float, float, int, dict]:
+        lookup = options.get("prompt_lookup")
+        if lookup not in by_lookup:
+            by_lookup[lookup] = hf_generator(model, config.threads, lookup, config.eos_token_ids)
+        return (*by_lookup[lookup](prompt, n), {})
+
+    return generate
+
+
+LOADERS: dict[str, Callable[[WorkerConfig], Generate]] = {
+    "specrt": _specrt_generate, "genai": _genai_generate, "hf": _hf_generate,
+}
+
+
+def serve(config: WorkerConfig, requests: TextIO, replies: TextIO) -> None:
+    """Load the model, warm it up, answer ``ready``, then one result line per request line."""
+    t0 = time.perf_counter()
+    generate = LOADERS[config.kind](config)
+    for options in config.warmup_options:
+        generate(np.asarray(config.warmup_prompt, np.int64), config.warmup_tokens, options)
+    replies.write(json.dumps({"ready": True, "load_s": round(time.perf_counter() - t0, 3)}) + "\n")
+    replies.flush()
+    for line in requests:
+        request = json.loads(line)
+        try:
+            ids, prefill_s, decode_s, first, stats = generate(
+                np.asarray(request["prompt"], np.int64), int(request["max_new_tokens"]), request.get("options", {}))
+            reply = {"ids": [int(t) for t in ids], "prefill_s": prefill_s, "decode_s": decode_s,
+                     "first_tokens": int(first), "stats": stats}
+        except Exception as e:  # reported to the parent, which names the peer and stops the stage
+            reply = {"error": f"{type(e).__name__}: {e}"}
+        replies.write(json.dumps(reply) + "\n")
+        replies.flush()
+
+
+class PeerWorker:
+    """The parent's side: a worker process for one model; :meth:`generate` sends one request."""
+
+    def __init__(self, name: str, config: WorkerConfig):
+        self.name = name
+        payload = json.dumps({**config.__dict__, "eos_token_ids": list(config.eos_token_ids),
+                              "warmup_prompt": list(config.warmup_prompt),
+                              "warmup_options": list(config.warmup_options)})
+        self._process = subprocess.Popen(
+            [sys.executable, "-m", "pipeline.peer_worker", payload], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            text=True, cwd=Path(__file__).resolve().parent.parent)
+        self.load_s = float(self._read()["load_s"])
+
+    def _read(self) -> dict[str, Any]:
+        assert self._process.stdout is not None
+        line = self._process.stdout.readline()
+        if not line:
+            self._process.wait()
+            raise RuntimeError(f"peer worker {self.name!r} exited with status {self._process.returncode} "
+                               "(its messages are in the log above)")
+        reply = json.loads(line)
+        if "error" in reply:
+            raise RuntimeError(f"peer worker {self.name!r}: {reply['error']}")
+        return reply
+
+    def generate(self, prompt: np.ndarray, max_new_tokens: int,
+                 options: dict[str, Any]) -> tuple[np.ndarray, float, float, int, dict[str, Any]]:
+        """(new ids [k] int64, prefill_s, decode_s, tokens known when the prefill ended, stats)."""
+        assert self._process.stdin is not None
+        request = {"prompt": [int(t) for t in prompt], "max_new_tokens": int(max_new_tokens), "options": options}
+        self._process.stdin.write(json.dumps(request) + "\n")
+        self._process.stdin.flush()
+        reply = self._read()
+        return (np.asarray(reply["ids"], np.int64), float(reply["prefill_s"]), float(reply["decode_s"]),
+                int(reply["first_tokens"]), reply["stats"])
+
+    def close(self) -> None:
+        if self._process.stdin is not None and not self._process.stdin.closed:
+            self._process.stdin.close()
+        try:
+            self._process.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self._process.kill()
+            self._process.wait()
+
+    def __enter__(self) -> PeerWorker:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    raw = json.loads((sys.argv[1:] if argv is None else list(argv))[0])
+    config = WorkerConfig(**{**raw, "eos_token_ids": tuple(raw["eos_token_ids"]),
+                             "warmup_prompt": tuple(raw["warmup_prompt"]),
+                             "warmup_options": tuple(raw["warmup_options"])})
+    # results go to the original stdout; whatever the libraries print (C level included) to stderr
+    replies = os.fdopen(os.dup(sys.stdout.fileno()), "w", encoding="utf-8")
+    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
+    serve(config, sys.stdin, replies)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
