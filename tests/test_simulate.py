@@ -6,6 +6,8 @@ import numpy as np
 import pytest
 
 import specrt
+from specrt.backoff import Backoff
+from specrt.cost import VerifyCostModel
 from specrt.drafters import DrafterEnv, Feedback
 from specrt.drafters.pld import PromptLookup
 from specrt.drafters.suffix_decoding import make
@@ -52,16 +54,53 @@ def test_true_continuation_is_all_accepted():
     result = simulate(oracle, PROMPT, OUTPUT, budget=2)
     # step 1: context [1, 2, 5] (the prefill's 5), drafts [6, 7], emits [6, 7, 8] (8 = bonus)
     # step 2: 2 tokens left to emit, so budget 1: drafts [9], emits [9, 10]
-    assert result == SimulationResult(steps=2, drafted=3, accepted=3, tokens_per_step=2.5, accepted_lengths=(2, 1))
+    assert result == SimulationResult(steps=2, drafted=3, accepted=3, tokens_per_step=2.5, accepted_lengths=(2, 1),
+                                      window_sizes=(3, 2), held_back=0, decode_tokens=5)
+    # windows of 3 and 2 positions at 1 + 0.5 per extra position: 5 tokens for 2 + 1.5 steps' cost
+    assert result.projected_speedup(lambda s: 1 + 0.5 * (s - 1)) == pytest.approx(5 / 3.5)
     assert oracle.calls == [([1, 2, 5], 2), ([1, 2, 5, 6, 7, 8], 1)]
     assert oracle.observed == [([6, 7, 8], [0, 1], (3, 0), (3, 0)), ([9, 10], [0], (2, 0), (2, 0))]
+
+
+def costs(seconds_by_size: dict[int, float]) -> VerifyCostModel:
+    model = VerifyCostModel()
+    for s, seconds in seconds_by_size.items():
+        model.record(s, seconds)
+    return model
+
+
+def test_backoff_replay_verifies_once_drafts_were_seen_to_match():
+    # windows cost what a single step costs: a draft pays as soon as the estimate expects any match.
+    # Steps 1-2 run plain (the estimate starts at 0); step 1's proposal [6, 7] is scored once 7 is
+    # known (after step 2): reach[1] = reach[2] = 0.5, so step 3 verifies its draft [8, 9] in full.
+    flat = costs({1: 0.01, 2: 0.01, 3: 0.01})
+    output = ctx(5, 6, 7, 8, 9, 10, 11, 12, 13, 14)
+    oracle = Oracle(output)
+    result = simulate(oracle, PROMPT, output, budget=2, backoff=Backoff(flat))
+    # (step 5 has one token left to emit: no budget, no proposal)
+    assert result.window_sizes == (1, 1, 3, 3, 1) and result.accepted_lengths == (0, 0, 2, 2, 0)
+    assert result.held_back == 2 and result.decode_tokens == 9
+    assert len(oracle.calls) == 4  # held-back proposals were asked for (and scored) all the same
+
+
+def test_backoff_replay_never_loses_when_windows_cost_too_much():
+    # a window of 2 costs 3 single steps: no draft of this oracle can pay, even all accepted
+    dear = costs({1: 0.01, 2: 0.03, 3: 0.05})
+    output = ctx(5, 6, 7, 8, 9, 10, 11, 12)
+    result = simulate(Oracle(output), PROMPT, output, budget=2, backoff=Backoff(dear))
+    assert result.window_sizes == (1,) * 7 and result.accepted == 0
+    assert result.held_back == 6  # every proposal (the last step has no budget for one)
+    assert result.projected_speedup(lambda s: dear.estimate(s) / dear.estimate(1)) == pytest.approx(1.0)
+    free = simulate(Oracle(output), PROMPT, output, budget=2)  # without the back-off it loses here
+    assert free.projected_speedup(lambda s: dear.estimate(s) / dear.estimate(1)) < 1.0
 
 
 def test_wrong_tokens_give_one_token_per_step():
     result = simulate(Oracle(OUTPUT, wrong=True), PROMPT, OUTPUT, budget=3)
     # every draft is rejected at its first node: the recovered token is the recorded one
     assert result == SimulationResult(
-        steps=5, drafted=3 + 3 + 2 + 1, accepted=0, tokens_per_step=1.0, accepted_lengths=(0, 0, 0, 0, 0)
+        steps=5, drafted=3 + 3 + 2 + 1, accepted=0, tokens_per_step=1.0, accepted_lengths=(0, 0, 0, 0, 0),
+        window_sizes=(4, 4, 3, 2, 1), held_back=0, decode_tokens=5,
     )
 
 

@@ -27,7 +27,14 @@ several calls, in the order the requests were served.
 Tuning defaults: record a few dozen prompts once (minutes on CPU), then sweep options offline;
 replaying 20 records (1,600 tokens, Spec-Bench prompts, Qwen2.5-Coder-0.5B) through
 ``suffix_decoding`` takes ~0.3 s per configuration. Compare ``tokens_per_step`` and, for speed,
-tokens per unit of verify cost, e.g. ``(k - 1) / (steps + 0.15 * drafted)`` on CPU (specrt.cost).
+``projected_speedup(cost_ratio)``: tokens per unit of verify cost, where ``cost_ratio(s)`` is
+what a verify pass over s positions costs in single steps on the target machine (measure it with
+``scripts/window_cost.py``), free of the timing noise of real runs.
+
+The engine's back-off (:mod:`specrt.backoff`, on by default for model-free methods) replays too:
+pass ``backoff=Backoff(cost)``, with ``cost`` a ``VerifyCostModel`` holding the measured window
+times; it cuts each proposal as in a real run, and ``held_back`` counts the plain steps it chose.
+Carry its estimate from one record to the next with ``backoff.carried_over()``, as a model does.
 """
 
 from __future__ import annotations
@@ -38,6 +45,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from .backoff import Backoff
 from .drafters.base import Drafter, DrafterEnv, Feedback
 from .tree import DraftTree, fit_window
 from .verify import walk_greedy
@@ -62,6 +70,16 @@ class SimulationResult:
     accepted: int  # drafted tokens matching the record
     tokens_per_step: float  # mean tokens emitted per step: (k - 1) / steps (tau)
     accepted_lengths: tuple[int, ...]  # [steps] accepted tokens per step
+    window_sizes: tuple[int, ...] = ()  # [steps] positions verified per step: root + draft nodes
+    held_back: int = 0  # steps whose proposal the back-off cut to nothing (plain steps)
+    decode_tokens: int = 0  # tokens the steps emitted: k - 1
+
+    def projected_speedup(self, cost_ratio: Callable[[int], float]) -> float:
+        """Decode speed over plain decoding's when a verify pass over s positions costs
+        ``cost_ratio(s)`` single steps (``cost_ratio(1)`` = 1): tokens emitted by the steps over
+        their summed cost. Drafting and bookkeeping time are left out."""
+        cost = sum(cost_ratio(s) for s in self.window_sizes)
+        return self.decode_tokens / cost if cost > 0 else 0.0
 
 
 def record_generation(model: SpecModel, prompt_ids: np.ndarray | list[int], max_new_tokens: int) -> Record:
@@ -80,6 +98,7 @@ def simulate(
     max_new_tokens: int | None = None,  # None: len(output_ids)
     tree: bool = False,  # env.tree when ``drafter`` is a factory and ``env`` is None
     env: DrafterEnv | None = None,  # for a factory; None: a fresh env (vocab from the ids, empty state)
+    backoff: Backoff | None = None,  # cut each proposal to the depth that pays, as the engine's back-off
 ) -> SimulationResult:
     """Replay ``output_ids`` after ``prompt_ids`` through ``drafter`` (an instance, or a factory
     ``env -> Drafter``) with ``budget`` draft nodes per step."""
@@ -98,8 +117,9 @@ def simulate(
             env = DrafterEnv(vocab=vocab, tree=tree)
         drafter = drafter(env)
 
-    steps = drafted = accepted = 0
+    steps = drafted = accepted = held_back = 0
     lengths: list[int] = []
+    windows: list[int] = []
     if len(output):
         produced = 1  # the prefill's token
         context = np.concatenate([prompt, output[:1]])
@@ -109,6 +129,9 @@ def simulate(
             proposal = drafter.propose(context, step_budget) if step_budget > 0 else DraftTree.empty()
             if len(proposal) > max(step_budget, 0):
                 raise RuntimeError(f"drafter proposed {len(proposal)} nodes over its budget of {step_budget}")
+            if backoff is not None and len(proposal):
+                proposal = backoff.choose(proposal, len(context))  # as the engine: empty = a plain step
+                held_back += not len(proposal)
             proposal = fit_window(proposal, len(context) - 1)  # as the engine cuts it
             # target_next[slot]: the recorded token after the slot (-1 past the record's end); the walk
             # only reads slots on the accepted path, whose tokens are the record's
@@ -120,9 +143,13 @@ def simulate(
             drafted += len(proposal)
             accepted += len(walk.path)
             lengths.append(len(walk.path))
+            windows.append(len(proposal) + 1)
             produced += len(emitted)
             context = np.concatenate([context, emitted])
+            if backoff is not None:
+                backoff.observe_context(context)
             empty = np.zeros((len(proposal) + 1, 0), np.float32)
             drafter.observe(emitted, Feedback(proposal, walk.path, empty, empty))
     tokens_per_step = (len(output) - 1) / steps if steps else 0.0
-    return SimulationResult(steps, drafted, accepted, tokens_per_step, tuple(lengths))
+    return SimulationResult(steps, drafted, accepted, tokens_per_step, tuple(lengths), tuple(windows), held_back,
+                            max(len(output) - 1, 0))
