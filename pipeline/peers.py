@@ -33,9 +33,9 @@ Prompts are token ids: the first turns of Spec-Bench questions in the model's ch
 (``model.encode(turn, chat=True)`` of the artifact, or else the HF tokenizer with the template
 split as the export stage splits it: the same ids); a prompt longer than ``max_prompt_tokens``
 keeps its last tokens, as in the benchmark stage (the question's end and the generation prompt).
-Every peer gets
-the same ids and the same stop ids (the artifact's EOS ids, or else the checkpoint's
-generation-config EOS), and every run records the ids it generated (EOS kept, as specrt does).
+Every peer gets the same ids and the same stop ids (the artifact's EOS ids, or else the
+checkpoint's generation-config EOS), and every run records the ids it generated (EOS kept, as
+specrt does).
 
 Timing, as specrt's ``LoopStats``: the prefill ends when the first new token is known
 (``prefill_s``); the decode phase covers every later token (``decode_tokens = new - 1``,
@@ -44,6 +44,10 @@ onnxruntime-genai: ``append_tokens`` runs the prompt and the first ``generate_ne
 picks the first token, the two together are the prefill. transformers: a streamer stamps the
 time of each ``put``; its second call carries the first new token. Before timing, each model
 generates 4 untimed tokens for the first prompt (allocations, lazy weight prepacking).
+transformers' prompt lookup has no separate prefill: its first pass verifies drafts over the
+prompt, so its first ``put`` may carry several tokens; they count as prefill tokens
+(``prefill_tokens``), and ``decode_tokens`` = new tokens - prefill tokens. (onnxruntime-genai's
+first ``generate_next_token`` samples from the prefill logits only: its n-gram rounds start after.)
 
 Order: every model runs in its own worker process (:mod:`pipeline.peer_worker`: one onnxruntime
 session or torch model per process, one process computing at a time), and the runs are
@@ -52,10 +56,6 @@ interleaved prompt by prompt, over ``rounds`` rounds that alternate the order of
 drift of the machine's speed favours none of them. The report sums each run over every round
 and keeps each round's decode tok/s (``round_decode_tokens_per_s``; the metrics'
 ``round_ratios``), whose spread is the measurement's.
-transformers' prompt lookup has no separate prefill: its first pass verifies drafts over the
-prompt, so its first ``put`` may carry several tokens; they count as prefill tokens
-(``prefill_tokens``), and ``decode_tokens`` = new tokens - prefill tokens. (onnxruntime-genai's
-first ``generate_next_token`` samples from the prefill logits only: its n-gram rounds start after.)
 """
 
 from __future__ import annotations
