@@ -10,7 +10,7 @@ docstring). Only one worker computes at a time; the others wait on their pipe.
     parent closes stdin ──► worker exits
 
 A request: ``{"prompt": [ids], "max_new_tokens": n, "options": {...}}`` where the options are the
-run's: ``{"method": "pld"}`` (specrt), ``{"speculative": {...} | null}`` (onnxruntime-genai),
+run's: ``{"method": "pld", "cold": bool}`` (specrt), ``{"speculative": {...} | null}`` (onnxruntime-genai),
 ``{"prompt_lookup": N | null}`` (transformers). A result: ``{"ids": [new ids], "prefill_s",
 "decode_s", "first_tokens", "stats"}`` (the per-prompt tuple of ``peers._tally``), or
 ``{"error": "..."}``. Lines are JSON on the worker's original stdout; anything a library prints
@@ -52,15 +52,23 @@ class WorkerConfig:
 
 
 def _specrt_generate(config: WorkerConfig) -> Generate:
+    """specrt with the benchmark stage's prefix cache: a request with ``"cold": true`` in its
+    options empties it first and prefills cold; the runs of the same prompt that follow reuse its
+    KV rows (bit for bit what their own prefill would compute; ``stats["cached_prompt_tokens"]``)."""
     import specrt
 
-    model = specrt.load(config.path, threads=config.threads)
+    from .bench import PREFIX_CACHE_MB
+
+    model = specrt.load(config.path, threads=config.threads, prefix_cache_mb=PREFIX_CACHE_MB)
 
     def generate(prompt: np.ndarray, n: int, options: dict[str, Any]) -> tuple[np.ndarray, float, float, int, dict]:
+        if options.get("cold"):
+            model.prefix_cache.clear()  # the prompt's first run here: it prefills cold
         model.forget_history()  # no method learns from another prompt
         ids, loop = model.generate_ids(prompt, method=options.get("method", "baseline"), max_new_tokens=n)
         stats = loop.stats
-        return ids, stats.prefill_s, stats.decode_s, 1, {"steps": stats.steps, "accepted": stats.accepted}
+        return ids, stats.prefill_s, stats.decode_s, 1, {"steps": stats.steps, "accepted": stats.accepted,
+                                                         "cached_prompt_tokens": stats.cached_prompt_tokens}
 
     return generate
 

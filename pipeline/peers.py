@@ -55,7 +55,9 @@ interleaved prompt by prompt, over ``rounds`` rounds that alternate the order of
 (:func:`interleave`): the runs compared in a ratio are seconds apart, not minutes, and a steady
 drift of the machine's speed favours none of them. The report sums each run over every round
 and keeps each round's decode tok/s (``round_decode_tokens_per_s``; the metrics'
-``round_ratios``), whose spread is the measurement's.
+``round_ratios``), whose spread is the measurement's. specrt's runs share the benchmark stage's
+prefix cache: the first of them on a prompt prefills cold, the others reuse its prompt rows (bit for
+bit what their own prefill would compute), and each reports that cold prefill (:func:`cold_prefill`).
 """
 
 from __future__ import annotations
@@ -556,9 +558,14 @@ def run(
             runs += [PeerRun(f"hf/fp32/{'prompt_lookup' if o['prompt_lookup'] else 'plain'}", "hf", o, rounds=1)
                      for o in hf_options]
         results: dict[str, list[list[Any]]] = {r.name: [[] for _ in range(rounds)] for r in runs}
+        first_seen: set[tuple[str, int, int]] = set()  # (worker, round, prompt)
         for r, i, peer_run in interleave(runs, len(prompts), rounds):
-            results[peer_run.name][r].append(workers[peer_run.worker].generate(prompts[i], max_new_tokens,
-                                                                               peer_run.options))
+            options = peer_run.options
+            if peer_run.worker == "specrt" and (peer_run.worker, r, i) not in first_seen:
+                first_seen.add((peer_run.worker, r, i))
+                options = {**options, "cold": True}  # the prompt's first specrt run: an empty prefix cache
+            results[peer_run.name][r].append(workers[peer_run.worker].generate(prompts[i], max_new_tokens, options))
+    cold_prefill([r.name for r in runs if r.worker == "specrt"], results)
     reports = [_report(peer_run, [rr for rr in results[peer_run.name] if rr]) for peer_run in runs]
     reference = reports[0] if artifact is not None else next(
         (r for r in reports if r["name"] == "hf/fp32/plain"), reports[0] if reports else None)
@@ -579,6 +586,23 @@ def run(
         "builds": builds,
         "runs": reports,
     }
+
+
+def cold_prefill(names: Sequence[str], results: dict[str, list[list[Any]]]) -> None:
+    """Gives every run of ``names`` (specrt's, which share one prefix cache) the cold prefill of
+    its prompt in its round: the one run of the prompt that did not reuse cached prompt rows
+    (``stats["cached_prompt_tokens"] == 0``), as the benchmark stage reports plain decoding's cold
+    prefill for every method of a prompt. Results are (ids, prefill_s, decode_s, first, stats)."""
+    if not names:
+        return
+    for r, one_round in enumerate(results[names[0]]):
+        for i in range(len(one_round)):
+            cold = [results[n][r][i][1] for n in names if not results[n][r][i][4].get("cached_prompt_tokens")]
+            if len(cold) != 1:
+                raise RuntimeError(f"round {r}, prompt {i}: {len(cold)} specrt runs prefilled cold, expected one")
+            for n in names:
+                ids, _, decode_s, first, stats = results[n][r][i]
+                results[n][r][i] = (ids, cold[0], decode_s, first, stats)
 
 
 def _report(peer_run: PeerRun, by_round: Sequence[Sequence[tuple]]) -> dict[str, Any]:

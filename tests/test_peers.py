@@ -232,6 +232,22 @@ def test_runs_interleave_prompt_by_prompt_and_odd_rounds_reverse_the_order():
     assert peers.interleave([a], prompts=0, rounds=2) == []
 
 
+def test_specrt_runs_report_the_cold_prefill_of_their_prompt():
+    ids = np.array([1, 2])
+    results = {  # one round, two prompts: (ids, prefill_s, decode_s, first, stats)
+        "specrt/int8/baseline": [[(ids, 0.9, 1.0, 1, {"cached_prompt_tokens": 0}),
+                                  (ids, 0.01, 1.0, 1, {"cached_prompt_tokens": 256})]],
+        "specrt/int8/pld": [[(ids, 0.02, 0.5, 1, {"cached_prompt_tokens": 300}),
+                             (ids, 0.7, 0.5, 1, {"cached_prompt_tokens": 0})]],
+    }
+    peers.cold_prefill(list(results), results)
+    assert [[x[1] for x in results[n][0]] for n in results] == [[0.9, 0.7], [0.9, 0.7]]
+    assert [x[2] for x in results["specrt/int8/pld"][0]] == [0.5, 0.5]  # decode times untouched
+    results["specrt/int8/pld"][0][0] = (ids, 0.8, 0.5, 1, {"cached_prompt_tokens": 0})  # two cold runs
+    with pytest.raises(RuntimeError, match="round 0, prompt 0: 2 specrt runs prefilled cold"):
+        peers.cold_prefill(list(results), results)
+
+
 def test_a_worker_that_cannot_load_its_model_fails_with_its_name(tmp_path):
     from pipeline.peer_worker import PeerWorker, WorkerConfig
 
@@ -294,6 +310,7 @@ def test_our_methods_run_after_plain_decoding_and_match_it(tiny_artifact, tmp_pa
     assert names == [f"specrt/{variant}/{m}" for m in ("baseline", "suffix_decoding", "pld")]
     assert [r["token_match"] for r in report["runs"]] == [1.0, 1.0, 1.0]
     assert all(len(r["round_decode_tokens_per_s"]) == 2 and r["repeatable"] for r in report["runs"])
+    assert len({r["prefill_s"] for r in report["runs"]}) == 1  # each the cold prefill of its prompts
     assert all(r["decode_tokens"] == 2 * sum(len(ids) - 1 for ids in r["ids"]) for r in report["runs"])  # 2 rounds
 
     import specrt
