@@ -390,9 +390,12 @@ def _tally(name: str, results: Sequence[tuple[np.ndarray, float, float, int]]) -
 
 def token_match(ids: Sequence[Sequence[int]], reference: Sequence[Sequence[int]]) -> float:
     """Tokens equal to the reference's before the first difference (a shorter or longer output
-    differs at its end), over the reference's tokens, summed over the prompts."""
+    differs at its end), over the reference's tokens, summed over the prompts of ``ids`` (a run of
+    the first N prompts is matched on those)."""
+    if len(ids) > len(reference):
+        raise ValueError(f"token_match: {len(ids)} outputs against a reference of {len(reference)}")
     matched = total = 0
-    for a, b in zip(ids, reference, strict=True):
+    for a, b in zip(ids, reference[: len(ids)], strict=True):
         m, n = matched_prefix(np.asarray(a), np.asarray(b))
         matched, total = matched + m, total + n
     return round(matched / total, 6) if total else 1.0
@@ -412,7 +415,7 @@ def add_token_match(runs: list[dict[str, Any]], reference: dict[str, Any]) -> No
     for run in runs:
         run["token_match_vs"] = reference["name"]
         run["token_match"] = token_match(run["ids"], reference["ids"])
-        run["identical"] = run["ids"] == reference["ids"]
+        run["identical"] = run["ids"] == reference["ids"][: len(run["ids"])]
         plain = by_name.get(plain_of(run["name"]))
         if plain is not None and plain is not run:
             run["token_match_plain"] = token_match(run["ids"], plain["ids"])
@@ -451,6 +454,7 @@ class PeerRun:
     worker: str  # key of the worker that serves it
     options: dict[str, Any]  # request options (pipeline.peer_worker)
     rounds: int | None = None  # the rounds it takes part in (None: all)
+    prompts: int | None = None  # the prompts it runs: the first N (None: all)
 
 
 def interleave(runs: Sequence[PeerRun], prompts: int, rounds: int) -> list[tuple[int, int, PeerRun]]:
@@ -460,7 +464,7 @@ def interleave(runs: Sequence[PeerRun], prompts: int, rounds: int) -> list[tuple
     order = []
     for r in range(rounds):
         turn = [run for run in (runs if r % 2 == 0 else runs[::-1]) if run.rounds is None or r < run.rounds]
-        order += [(r, i, run) for i in range(prompts) for run in turn]
+        order += [(r, i, run) for i in range(prompts) for run in turn if run.prompts is None or i < run.prompts]
     return order
 
 
@@ -482,6 +486,7 @@ def run(
     hf: bool = True,
     rebuild: bool = False,
     rounds: int = 2,
+    transformers_prompts: int | None = None,
 ) -> dict[str, Any]:
     """Worker of the CLI: builds the genai models under ``build_dir/<precision>``, runs every peer
     on the same prompt ids, and returns the report. ``methods``: specrt's methods run on
@@ -489,7 +494,8 @@ def run(
 
     Every model runs in its own worker process (:mod:`pipeline.peer_worker`); the generations are
     interleaved prompt by prompt over ``rounds`` rounds (:func:`interleave`), the transformers runs
-    in the first round only (they are ~7x slower than every ONNX peer and decide no goal)."""
+    in the first round only and on the first ``transformers_prompts`` prompts (None: all): they are
+    ~7x slower than every ONNX peer and decide no goal."""
     from .peer_worker import PeerWorker, WorkerConfig
 
     if rounds < 1:
@@ -555,8 +561,8 @@ def run(
             runs += [PeerRun(f"ort-genai/{precision}/plain", key, options[0]),
                      PeerRun(f"ort-genai/{precision}/ngram", key, options[1])]
         if hf:
-            runs += [PeerRun(f"hf/fp32/{'prompt_lookup' if o['prompt_lookup'] else 'plain'}", "hf", o, rounds=1)
-                     for o in hf_options]
+            runs += [PeerRun(f"hf/fp32/{'prompt_lookup' if o['prompt_lookup'] else 'plain'}", "hf", o, rounds=1,
+                             prompts=transformers_prompts) for o in hf_options]
         results: dict[str, list[list[Any]]] = {r.name: [[] for _ in range(rounds)] for r in runs}
         first_seen: set[tuple[str, int, int]] = set()  # (worker, round, prompt)
         for r, i, peer_run in interleave(runs, len(prompts), rounds):
@@ -679,6 +685,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="specrt methods run on --artifact besides its plain decoding (default: pld)")
     parser.add_argument("--rounds", type=int, default=2,
                         help="rounds of the interleaved runs (transformers runs in the first only)")
+    parser.add_argument("--transformers-prompts", type=int,
+                        help="the transformers runs take the first N prompts (default: all)")
     parser.add_argument("--no-hf", action="store_true", help="leave out the transformers peer")
     parser.add_argument("--rebuild", action="store_true", help="rebuild genai models even if built by the same command")
     parser.add_argument("--params", type=Path, help="params.yaml: its `peers` section sets the options above "
@@ -689,7 +697,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.params:
         section = yaml.safe_load(args.params.read_text())["peers"]
         known = {"variants", "transformers_with", "methods", "prompts_per_task", "max_prompts", "max_prompt_tokens",
-                 "max_new_tokens", "threads", "prompt_lookup", "genai_ngram_size", "genai_max_draft_tokens", "rounds"}
+                 "max_new_tokens", "threads", "prompt_lookup", "genai_ngram_size", "genai_max_draft_tokens", "rounds",
+                 "transformers_prompts"}
         if set(section) - known:
             parser.error(f"{args.params}: peers.{sorted(set(section) - known)[0]} is not an option "
                          f"(known: {', '.join(sorted(known))})")
@@ -707,7 +716,7 @@ def main(argv: list[str] | None = None) -> int:
             max_new_tokens=args.max_new_tokens, threads=args.threads, prompt_lookup=args.prompt_lookup,
             genai_ngram={"ngram_size": args.genai_ngram_size, "max_draft_tokens": args.genai_max_draft_tokens},
             artifact=args.artifact, methods=args.methods, hf=not args.no_hf, rebuild=args.rebuild,
-            rounds=args.rounds,
+            rounds=args.rounds, transformers_prompts=args.transformers_prompts,
         )
     write_text_atomic(args.out, json.dumps(report, indent=2) + "\n")
     if args.metrics:

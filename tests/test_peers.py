@@ -187,6 +187,11 @@ def test_token_match_counts_the_prefix_before_the_first_difference():
     assert [r["identical"] for r in runs] == [True, False, False]
     assert {r["token_match_vs"] for r in runs} == {"ref"}
     assert not any("token_match_plain" in r for r in runs)  # no plain run of their family
+    first_only = [{"name": "first", "ids": [[1, 2, 9, 4]]}]  # a run of the first prompt only
+    peers.add_token_match(first_only, reference)
+    assert first_only[0]["token_match"] == 0.5 and first_only[0]["identical"] is False
+    with pytest.raises(ValueError, match="3 outputs against a reference of 2"):
+        peers.token_match([[1], [2], [3]], reference["ids"])
 
 
 def test_speculative_runs_are_also_matched_against_their_own_plain_run():
@@ -219,7 +224,8 @@ def test_metrics_give_each_of_our_runs_over_each_peer():
     report["runs"][1]["round_decode_tokens_per_s"] = [16.0, 14.0]
     report["runs"][2]["round_decode_tokens_per_s"] = [12.8, 12.5]  # rounds: the ratio per round
     assert metrics(report)["round_ratios"]["specrt/int4/pld / ort-genai/int4/plain"] == [1.25, 1.12]
-    assert metrics(report)["round_ratios"]["specrt/int4/baseline / ort-genai/int4/plain"] == [0.781]  # one round: 10 / 12.8
+    # a run without rounds counts as one round: 10 / 12.8
+    assert metrics(report)["round_ratios"]["specrt/int4/baseline / ort-genai/int4/plain"] == [0.781]
 
 
 def test_runs_interleave_prompt_by_prompt_and_odd_rounds_reverse_the_order():
@@ -230,6 +236,9 @@ def test_runs_interleave_prompt_by_prompt_and_odd_rounds_reverse_the_order():
                      (1, 0, "b"), (1, 0, "a"), (1, 1, "b"), (1, 1, "a"),
                      (2, 0, "a"), (2, 0, "b"), (2, 1, "a"), (2, 1, "b")]
     assert peers.interleave([a], prompts=0, rounds=2) == []
+    few = peers.PeerRun("few", "w3", {}, rounds=1, prompts=1)  # the first prompt only
+    assert [(r, i, run.name) for r, i, run in peers.interleave([a, few], prompts=2, rounds=1)] == [
+        (0, 0, "a"), (0, 0, "few"), (0, 1, "a")]
 
 
 def test_specrt_runs_report_the_cold_prefill_of_their_prompt():
@@ -265,12 +274,13 @@ def test_params_file_sets_the_options_and_refuses_unknown_ones(tmp_path, monkeyp
     monkeypatch.setattr(peers, "run", lambda *a, **kw: seen.update(kw) or {"runs": []})
     params = tmp_path / "params.yaml"
     params.write_text("peers: {variants: [int4, int8], prompts_per_task: 2, max_prompts: 3, "
-                      "max_new_tokens: 7, threads: 2, prompt_lookup: 0}\n")
+                      "max_new_tokens: 7, threads: 2, prompt_lookup: 0, rounds: 3, transformers_prompts: 2}\n")
     argv = ["--hf", "h", "--prompts", "q", "--out", str(tmp_path / "r.json"), "--params", str(params),
             "--precisions", "int8"]
     assert peers.main(argv) == 0
     assert (seen["precisions"], seen["per_task"], seen["max_prompts"], seen["max_new_tokens"], seen["threads"],
             seen["prompt_lookup"], seen["hf"]) == (["int8"], 2, 3, 7, 2, 0, True)
+    assert (seen["rounds"], seen["transformers_prompts"]) == (3, 2)
     params.write_text("peers: {max_new_token: 7}\n")
     with pytest.raises(SystemExit):
         peers.main(argv)
