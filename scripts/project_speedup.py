@@ -33,8 +33,12 @@ from pipeline.specbench import TASKS, read_questions
 from specrt.backoff import Backoff
 from specrt.cost import VerifyCostModel
 from specrt.datastore import STATE_KEY as DATASTORE_STATE_KEY
-from specrt.drafters import METHODS, DrafterEnv
+from specrt.drafters import METHODS, NEEDS_DRAFT, DrafterEnv
 from specrt.simulate import Record, record_generation, simulate
+
+# Methods whose drafters read the verify pass's logits or hidden states (Feedback), which a replay
+# does not have (specrt.simulate): they cannot be projected.
+NEEDS_TARGET_OUTPUTS = frozenset({"lookahead", "token_recycling", "pld_plus", "adapld"})
 
 
 def parse_cost(pairs: list[str]) -> VerifyCostModel:
@@ -89,6 +93,11 @@ def main() -> None:
     parser.add_argument("--methods", nargs="+", default=["pld", "suffix_decoding"])
     parser.add_argument("--budget", type=int, default=8, help="draft nodes per step (params: draft_budget)")
     args = parser.parse_args()
+    replayable = sorted(set(METHODS) - NEEDS_TARGET_OUTPUTS - NEEDS_DRAFT - {"baseline"})
+    for method in args.methods:
+        if method not in replayable:
+            parser.error(f"--methods: {method!r} cannot be replayed; model-free methods that need no target "
+                         f"outputs: {', '.join(replayable)}")
     cost = parse_cost(args.cost)
     model = specrt.load(args.artifact, threads=args.threads, datastore=args.datastore)
     if args.records is not None and args.records.exists():
