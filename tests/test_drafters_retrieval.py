@@ -297,6 +297,32 @@ def test_asam_verify_sizes_drafts_from_the_verify_cost(tmp_path):
     assert len(tree.propose(ctx(1, 2), 8)) == 1  # the depth also caps the nodes
 
 
+def test_asam_verify_recovers_after_settling_on_plain_steps(tmp_path):
+    # after a run of rejections no depth pays on a steep cost: it proposes nothing, but judges the
+    # draft it held back ([3] after [1, 2]) on the token each plain step emits
+    store = store_of(tmp_path / "s", [[1, 2, 3, 4, 5, 6, 7, 8, 9, 10]])
+
+    def settled() -> AdaptiveSam:
+        acceptance = AcceptanceModel()
+        for _ in range(30):
+            acceptance.record(drafted_depth=4, accepted_length=0)
+        return AdaptiveSam(store, acceptance, verify_cost=lambda s: 1 + 0.5 * (s - 1))
+
+    wrong, right = settled(), settled()
+    for _ in range(40):
+        assert len(wrong.propose(ctx(1, 2), 8)) == 0
+        wrong.observe(ctx(9), feedback(DraftTree.empty(), 0))  # the plain step emitted 9: the shadow [3] was wrong
+    steps = 0
+    while len(right.propose(ctx(1, 2), 8)) == 0:
+        right.observe(ctx(3), feedback(DraftTree.empty(), 0))  # it emitted 3: the shadow was right
+        steps += 1
+        assert steps < 40, "the estimate never recovered"
+    assert as_lists(right.propose(ctx(1, 2), 8))[0][0] == 3 and steps > 1
+    asam = AdaptiveSam(store, AcceptanceModel())  # asam (no verify cost) always drafts: no shadow
+    asam.propose(ctx(1, 2), 8)
+    assert asam._shadow is None
+
+
 # ---------------------------------------------------------------------------------------------
 # factories
 

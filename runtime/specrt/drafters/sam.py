@@ -158,7 +158,12 @@ class AcceptanceModel:
 class AdaptiveSam(SamDecoding):
     """``asam`` (and ``asam_verify`` when given ``verify_cost``): SAM decoding with the draft depth
     sized from the acceptance model. With ``verify_cost`` the depth also caps the node count (the
-    cost is that of the whole window)."""
+    cost is that of the whole window).
+
+    When no depth pays (``asam_verify``'s best depth is 0) it proposes nothing but keeps a one-token
+    *shadow* draft, judged on the token the plain step emits (under greedy the target accepts a
+    one-token draft iff it is that token; under sampling with the same probability): a drafter
+    that drafts nothing would otherwise learn nothing, and its estimate would never recover."""
 
     def __init__(
         self,
@@ -176,6 +181,7 @@ class AdaptiveSam(SamDecoding):
         self.acceptance = acceptance  # shared by the requests of one model
         self.min_survival = min_survival
         self.verify_cost = verify_cost
+        self._shadow: int | None = None  # the one-token draft held back at the last step
 
     def depth(self, budget: int) -> int:
         cap = min(budget, self.acceptance.quantile_cap(self.min_survival))
@@ -187,12 +193,21 @@ class AdaptiveSam(SamDecoding):
 
     def propose(self, context: np.ndarray, budget: int) -> DraftTree:
         depth = self.depth(budget) if budget > 0 else 0
+        self._shadow = None
+        if depth == 0 and budget > 0:
+            probe = self.draft(context, 1, 1)
+            self._shadow = int(probe.token_ids[0]) if len(probe) else None
+            return DraftTree.empty()
         nodes = min(budget, depth) if self.verify_cost is not None else budget
         return self.draft(context, nodes, depth)
 
     def observe(self, emitted: np.ndarray, feedback: Feedback) -> None:
         drafted = int(feedback.tree.depths().max()) if len(feedback.tree) else 0
-        self.acceptance.record(drafted, len(feedback.path))
+        if drafted:
+            self.acceptance.record(drafted, len(feedback.path))
+        elif self._shadow is not None and len(emitted):
+            self.acceptance.record(1, int(emitted[0] == self._shadow))  # judged at depth 1 only
+        self._shadow = None
 
 
 def _acceptance(env: DrafterEnv, method: str) -> AcceptanceModel:
