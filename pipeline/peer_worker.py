@@ -23,9 +23,8 @@ import json
 import os
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -51,7 +50,7 @@ class WorkerConfig:
             raise ValueError(f"peer worker kind must be one of {KINDS}, got {self.kind!r}")
 
 
-def _specrt_generate(config: WorkerConfig) -> Generate:
+def _specrt_loader(config: WorkerConfig) -> Generate:
     """specrt with the benchmark stage's prefix cache: a request with ``"cold": true`` in its
     options empties it first and prefills cold; the runs of the same prompt that follow reuse its
     KV rows (bit for bit what their own prefill would compute; ``stats["cached_prompt_tokens"]``)."""
@@ -73,7 +72,7 @@ def _specrt_generate(config: WorkerConfig) -> Generate:
     return generate
 
 
-def _genai_generate(config: WorkerConfig) -> Generate:
+def _genai_loader(config: WorkerConfig) -> Generate:
     import onnxruntime_genai as og
 
     from .peers import genai_generate, genai_model
@@ -88,7 +87,7 @@ def _genai_generate(config: WorkerConfig) -> Generate:
     return generate
 
 
-def _hf_generate(config: WorkerConfig) -> Generate:
+def _hf_loader(config: WorkerConfig) -> Generate:
     from .checkpoint import load_causal_lm
     from .peers import hf_generator
 
@@ -105,17 +104,16 @@ def _hf_generate(config: WorkerConfig) -> Generate:
 
 
 LOADERS: dict[str, Callable[[WorkerConfig], Generate]] = {
-    "specrt": _specrt_generate, "genai": _genai_generate, "hf": _hf_generate,
+    "specrt": _specrt_loader, "genai": _genai_loader, "hf": _hf_loader,
 }
 
 
 def serve(config: WorkerConfig, requests: TextIO, replies: TextIO) -> None:
     """Load the model, warm it up, answer ``ready``, then one result line per request line."""
-    t0 = time.perf_counter()
     generate = LOADERS[config.kind](config)
     for options in config.warmup_options:
         generate(np.asarray(config.warmup_prompt, np.int64), config.warmup_tokens, options)
-    replies.write(json.dumps({"ready": True, "load_s": round(time.perf_counter() - t0, 3)}) + "\n")
+    replies.write(json.dumps({"ready": True}) + "\n")
     replies.flush()
     for line in requests:
         request = json.loads(line)
@@ -135,13 +133,11 @@ class PeerWorker:
 
     def __init__(self, name: str, config: WorkerConfig):
         self.name = name
-        payload = json.dumps({**config.__dict__, "eos_token_ids": list(config.eos_token_ids),
-                              "warmup_prompt": list(config.warmup_prompt),
-                              "warmup_options": list(config.warmup_options)})
+        payload = json.dumps(asdict(config))  # tuples become lists; main() turns them back
         self._process = subprocess.Popen(
             [sys.executable, "-m", "pipeline.peer_worker", payload], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
             text=True, cwd=Path(__file__).resolve().parent.parent)
-        self.load_s = float(self._read()["load_s"])
+        self._read()  # {"ready": true}: loaded and warmed up
 
     def _read(self) -> dict[str, Any]:
         assert self._process.stdout is not None

@@ -274,16 +274,11 @@ def run_genai(
     model = genai_model(Path(model_dir), threads, eos_token_ids)
     eos = _genai_eos(Path(model_dir), eos_token_ids)
     genai_generate(og, model, prompts[0], min(WARMUP_TOKENS, max_new_tokens), speculative, eos)
-    results = [genai_generate(og, model, p, max_new_tokens, speculative, eos) for p in prompts]
+    results = [(ids, pre, dec, 1, stats)
+               for ids, pre, dec, stats in (genai_generate(og, model, p, max_new_tokens, speculative, eos)
+                                            for p in prompts)]
     name = name or f"ort-genai/{Path(model_dir).name}/{'ngram' if speculative else 'plain'}"
-    report = _tally(name, [(ids, pre, dec, 1) for ids, pre, dec, _ in results])
-    if speculative:
-        report["speculative_options"] = dict(speculative)
-        totals = {k: int(sum(s.get(k, 0) for *_, s in results)) for k in SPEC_STATS}
-        totals["acceptance"] = round(totals["draft_tokens_accepted"] / totals["draft_tokens_proposed"], 4) \
-            if totals["draft_tokens_proposed"] else 0.0
-        report["speculative_stats"] = totals
-    return report
+    return _report(PeerRun(name, "in-process", {"speculative": speculative}), [results])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -358,11 +353,9 @@ def run_hf(
     generate = hf_generator(model if model is not None else load_causal_lm(hf_dir), threads, prompt_lookup,
                             eos_token_ids)
     generate(prompts[0], min(WARMUP_TOKENS, max_new_tokens))
-    report = _tally(name or f"hf/fp32/{'prompt_lookup' if prompt_lookup else 'plain'}",
-                    [generate(p, max_new_tokens) for p in prompts])
-    if prompt_lookup:
-        report["prompt_lookup_num_tokens"] = prompt_lookup
-    return report
+    name = name or f"hf/fp32/{'prompt_lookup' if prompt_lookup else 'plain'}"
+    return _report(PeerRun(name, "in-process", {"prompt_lookup": prompt_lookup}),
+                   [[(*generate(p, max_new_tokens), {}) for p in prompts]])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -564,11 +557,11 @@ def run(
             runs += [PeerRun(f"hf/fp32/{'prompt_lookup' if o['prompt_lookup'] else 'plain'}", "hf", o, rounds=1,
                              prompts=transformers_prompts) for o in hf_options]
         results: dict[str, list[list[Any]]] = {r.name: [[] for _ in range(rounds)] for r in runs}
-        first_seen: set[tuple[str, int, int]] = set()  # (worker, round, prompt)
+        seen_by_specrt: set[tuple[int, int]] = set()  # (round, prompt)
         for r, i, peer_run in interleave(runs, len(prompts), rounds):
             options = peer_run.options
-            if peer_run.worker == "specrt" and (peer_run.worker, r, i) not in first_seen:
-                first_seen.add((peer_run.worker, r, i))
+            if peer_run.worker == "specrt" and (r, i) not in seen_by_specrt:
+                seen_by_specrt.add((r, i))
                 options = {**options, "cold": True}  # the prompt's first specrt run: an empty prefix cache
             results[peer_run.name][r].append(workers[peer_run.worker].generate(prompts[i], max_new_tokens, options))
     cold_prefill([r.name for r in runs if r.worker == "specrt"], results)

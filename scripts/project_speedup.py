@@ -129,7 +129,7 @@ def main() -> None:
                     result = simulate(METHODS[method], rec.prompt_ids, rec.output_ids,
                                       args.budget, max_new_tokens=rec.max_new_tokens, env=env, backoff=backoff)
                     tokens[task] += result.decode_tokens
-                    spent[task] += sum(ratio(s) for s in result.window_sizes)
+                    spent[task] += result.verify_cost(ratio)
                     steps, held = steps + result.steps, held + result.held_back
                     backoff = backoff.carried_over() if backoff is not None else None
                 cells = [f"{tokens[t] / spent[t]:.2f}x" if spent[t] else "-" for t in tasks]

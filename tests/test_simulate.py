@@ -57,6 +57,7 @@ def test_true_continuation_is_all_accepted():
     assert result == SimulationResult(steps=2, drafted=3, accepted=3, tokens_per_step=2.5, accepted_lengths=(2, 1),
                                       window_sizes=(3, 2), held_back=0, decode_tokens=5)
     # windows of 3 and 2 positions at 1 + 0.5 per extra position: 5 tokens for 2 + 1.5 steps' cost
+    assert result.verify_cost(lambda s: 1 + 0.5 * (s - 1)) == pytest.approx(3.5)
     assert result.projected_speedup(lambda s: 1 + 0.5 * (s - 1)) == pytest.approx(5 / 3.5)
     assert oracle.calls == [([1, 2, 5], 2), ([1, 2, 5, 6, 7, 8], 1)]
     assert oracle.observed == [([6, 7, 8], [0, 1], (3, 0), (3, 0)), ([9, 10], [0], (2, 0), (2, 0))]

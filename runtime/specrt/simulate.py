@@ -74,11 +74,15 @@ class SimulationResult:
     held_back: int = 0  # steps whose proposal the back-off cut to nothing (plain steps)
     decode_tokens: int = 0  # tokens the steps emitted: k - 1
 
+    def verify_cost(self, cost_ratio: Callable[[int], float]) -> float:
+        """The steps' summed cost in single steps, when a verify pass over s positions costs
+        ``cost_ratio(s)`` of them (``cost_ratio(1)`` = 1)."""
+        return sum(cost_ratio(s) for s in self.window_sizes)
+
     def projected_speedup(self, cost_ratio: Callable[[int], float]) -> float:
-        """Decode speed over plain decoding's when a verify pass over s positions costs
-        ``cost_ratio(s)`` single steps (``cost_ratio(1)`` = 1): tokens emitted by the steps over
-        their summed cost. Drafting and bookkeeping time are left out."""
-        cost = sum(cost_ratio(s) for s in self.window_sizes)
+        """Decode speed over plain decoding's at that cost: tokens emitted by the steps over their
+        :meth:`verify_cost`. Drafting and bookkeeping time are left out."""
+        cost = self.verify_cost(cost_ratio)
         return self.decode_tokens / cost if cost > 0 else 0.0
 
 
