@@ -15,7 +15,7 @@ repeating K and V):
     p      = softmax(scores * scaling + bias)                 per row
     out    = p @ v           [1, kv, g*s, d]  ->  [1, s, heads, d]
 
-Both products have M = g*s >= 2 in every pass; a window's extra keys are masked, so they add
+The products have M = g*s >= 2 in every pass; a window's extra keys are masked, so they add
 exact zeros; every other op is row-wise, and the MatMulNBits kernels at level 4 quantize per row.
 So a chain window gives each row the bits of a single step wherever the weight MatMuls' one-row
 kernel rounds like their many-row kernel: on the AVX-512 machines we measured, not on AVX2-only
@@ -67,11 +67,14 @@ def grouped_attention(
         # row j*s + i of q is query i of head j: the bias rows repeat g times (the same Tile in
         # every layer, computed once after common-subexpression elimination)
         scores = scores + attention_mask[:, :, :, :t].repeat(1, 1, g, 1)  # [1, 1, g*s, t]
-    # softmax with its normaliser summed by the same product as the values: a vectorised row sum
-    # would group terms by key slot, and a tree puts a path's keys in other slots than a chain
+    # softmax with its normaliser summed by a matrix product as the values are: a vectorised row
+    # sum would group terms by key slot, and a tree puts a path's keys in other slots than a chain.
+    # Two columns of ones, not one: onnxruntime multiplies by a single column with its
+    # matrix-vector kernel, which also sums by vector lanes. (Padding V with the ones column
+    # instead copies every cached value row each pass.)
     e = torch.exp(scores - scores.amax(dim=-1, keepdim=True))  # [1, kv, g*s, t]; masked keys -> 0
-    ev = torch.matmul(e, torch.nn.functional.pad(value, (0, 1), value=1.0))  # [1, kv, g*s, d+1]
-    numerator, normaliser = torch.split(ev, [d, 1], dim=-1)
+    numerator = torch.matmul(e, value)  # [1, kv, g*s, d]
+    normaliser = torch.matmul(e, value.new_ones(t, 2))[..., :1]  # [1, kv, g*s, 1]
     out = numerator / normaliser  # [1, kv, g*s, d]
     return out.reshape(batch, heads, s, d).transpose(1, 2).contiguous(), None  # [1, s, heads, d]
 

@@ -35,8 +35,9 @@ def test_exported_graph_has_fused_norms_projections_and_rotary(tiny_artifact):
     assert ops["RotaryEmbedding"] == 2 * layers  # q and k of every layer
     assert ops["Neg"] == 0 and ops["Sin"] == 0 and ops["Cos"] == 0  # rotate-half and the per-step cos/sin are gone
     assert ops["SkipSimplifiedLayerNormalization"] >= layers and ops["Pow"] == 0
-    # per layer: q|k|v, o, gate|up, down, and the two attention products; plus the lm_head
-    assert ops["MatMul"] == 6 * layers + 1
+    # per layer: q|k|v, o, gate|up, down, and the three attention products (scores, values, the
+    # softmax's normaliser); plus the lm_head. No Pad: the cached values are not copied into a wider tensor
+    assert ops["MatMul"] == 7 * layers + 1 and ops["Pad"] == 0
 
 
 def _projections(bias: bool) -> onnx.ModelProto:
