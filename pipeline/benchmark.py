@@ -16,8 +16,9 @@ plain decoding once more at the end (pipeline.bench), greedy: speedups are over 
 plain runs, and ``baseline_drift`` says how far the machine moved between them. Written:
 
 - ``--metrics`` (JSON): per run overall decode tok/s, speedup, tokens/step, token match, the per-step
-  time split (draft / verify / overhead); per task speedups; the roofline of plain decoding for
-  each ``--roofline`` variant (measured read bandwidth, bytes per token, how close it gets);
+  time split (draft / verify / overhead); per task speedups; the roofline of plain decoding
+  (measured read bandwidth, bytes per token, how close it gets) of this artifact (from the
+  baseline runs) and of each other ``--roofline`` variant (one plain pass over the same prompts);
 - ``--csv``: one row per run and task (mean ± std of per-prompt decode tok/s, prefill apart);
 - ``--table`` (markdown): speedup per task and run;
 - ``--plots`` folder: ``speedup.json`` (speedup per task per run) and ``accepted.json``
@@ -143,6 +144,14 @@ def plain_speed(model: specrt.SpecModel, prompts: list[Prompt], max_new_tokens: 
     return tokens / seconds, context / len(prompts)
 
 
+def baseline_speed(plain: Tally, prompts: list[Prompt]) -> tuple[float, float]:
+    """(plain decode tokens/s, mean context length) from the baseline runs of :func:`measure`
+    (two per prompt), as :func:`plain_speed` measures them on another variant."""
+    runs = 2 * len(prompts)
+    new_tokens = plain.tokens / runs + 1  # the prefill's token is not a decode token
+    return plain.tokens / plain.seconds, sum(len(p.ids) for p in prompts) / len(prompts) + new_tokens / 2
+
+
 def run(args: argparse.Namespace, params: dict[str, Any]) -> tuple[dict[str, Any], dict[str, dict[str, Tally]]]:
     threads = params.get("threads")
     model = specrt.load(args.model, threads=threads, datastore=args.datastore, draft=args.draft,
@@ -162,9 +171,14 @@ def run(args: argparse.Namespace, params: dict[str, Any]) -> tuple[dict[str, Any
                       draft_budget=params["draft_budget"])
     seconds = time.perf_counter() - t0
     bandwidth = read_bandwidth(threads)
-    rooflines = {}
+    # this artifact's plain decoding is the benchmark's baseline runs; other variants run it once
+    tps, context = baseline_speed(tallies[Run("baseline", False, 0.0).name]["all"], prompts)
+    rooflines = {model.manifest.variant: vars(roofline(model.manifest, bandwidth, context, tps,
+                                                       gathered_bytes(args.model / model.manifest.decoder)))}
     for folder in args.roofline:
-        variant = model if folder.resolve() == args.model.resolve() else specrt.load(folder, threads=threads)
+        if folder.resolve() == args.model.resolve():
+            continue
+        variant = specrt.load(folder, threads=threads)
         tps, context = plain_speed(variant, prompts, params["max_new_tokens"])
         manifest = variant.manifest
         rooflines[manifest.variant] = vars(roofline(manifest, bandwidth, context, tps,
@@ -198,7 +212,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--datastore", type=Path, help="retrieval datastore (else no retrieval methods)")
     parser.add_argument("--draft", type=Path, help="draft artifact; without it sd, hsd, hsd_capped are left out")
     parser.add_argument("--roofline", type=Path, nargs="*", default=[],
-                        help="artifact folders whose plain decoding is set against the memory roofline")
+                        help="other artifact folders whose plain decoding is set against the memory roofline "
+                             "(the benchmarked artifact always is)")
     parser.add_argument("--prompts", type=Path, required=True, help="Spec-Bench question.jsonl")
     parser.add_argument("--params", type=Path, default=Path("params.yaml"))
     parser.add_argument("--metrics", type=Path, required=True, help="metrics JSON to write")

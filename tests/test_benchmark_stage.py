@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 import specrt
-from pipeline.benchmark import chat_renderer, conversation_prompts, histogram, main, methods_to_run
+from pipeline.bench import Prompt, Tally
+from pipeline.benchmark import baseline_speed, chat_renderer, conversation_prompts, histogram, main, methods_to_run
 from pipeline.roofline import kv_bytes_per_position, roofline, weight_bytes
 from pipeline.specbench import Question
 from specrt.manifest import read_manifest
@@ -59,6 +60,13 @@ def test_roofline_is_bandwidth_over_bytes_per_token(folder):
     assert r.fraction == pytest.approx(50.0 / (1e10 / per_token), abs=1e-4)  # rounded to 4 places
     d = manifest.dims
     assert kv_bytes_per_position(manifest) == 2 * d.num_layers * d.kv_heads * d.head_dim * 4
+
+
+def test_roofline_of_the_benchmarked_artifact_comes_from_its_baseline_runs():
+    # two prompts of 10 and 30 tokens, two plain runs each of 15 decode tokens (16 new tokens)
+    plain = Tally(tokens=60, seconds=2.0)
+    prompts = [Prompt("qa", np.arange(10)), Prompt("qa", np.arange(30))]
+    assert baseline_speed(plain, prompts) == (30.0, 20 + 16 / 2)
 
 
 def test_stage_writes_metrics_csv_table_and_plots(folder, tmp_path):
