@@ -10,6 +10,11 @@ heads, head size 64, no rotary), random inputs. For each ``past``: a chain windo
 alone as a single step whose past holds the ``past`` keys plus the row's ancestors. Prints, per
 row, whether the two outputs are equal bit for bit, and the largest difference; a window of one
 query (the single step itself) is the control that shows the comparison can come out equal.
+
+``--pad-single`` runs every single step as two query rows (the second a copy of the first, whose
+key the first may not see): GQA multiplies a one-row query with onnxruntime's matrix-vector
+kernel, which rounds differently from the many-row kernel that a window takes. The control (an
+unpadded window of one) then differs from its padded single step: that is the one-row kernel.
 """
 
 from __future__ import annotations
@@ -68,7 +73,21 @@ def heads_first(x: np.ndarray) -> np.ndarray:
     return x.reshape(1, x.shape[1], KV_HEADS, HEAD_DIM).transpose(0, 2, 1, 3)
 
 
-def compare(session: ort.InferenceSession, past: int, parents: list[int], rng: np.random.Generator) -> list[float]:
+def single_step(session: ort.InferenceSession, q: np.ndarray, k: np.ndarray, v: np.ndarray, past_k: np.ndarray,
+                past_v: np.ndarray, pad: bool) -> np.ndarray:
+    """One query (q [1, 1, heads*d]) over ``past_k/v`` plus its own key -> [1, heads*d]. ``pad``: as
+    rows 0 of a two-row pass whose row 1 (a copy) is hidden from row 0."""
+    total = past_k.shape[2] + 1
+    if not pad:
+        return attend(session, q, k, v, past_k, past_v, np.zeros((1, 1, 1, total), np.float32))[:, 0]
+    bias = np.zeros((1, 1, 2, total + 1), np.float32)
+    bias[0, 0, 0, total] = -np.inf  # row 0 does not see the copy's key
+    two = [np.concatenate([x, x], axis=1) for x in (q, k, v)]
+    return attend(session, *two, past_k, past_v, bias)[:, 0]
+
+
+def compare(session: ort.InferenceSession, past: int, parents: list[int], rng: np.random.Generator,
+            pad: bool = False) -> list[float]:
     """Largest |window row - single step| per row (0.0: bit for bit equal)."""
     n = len(parents)
     past_k, past_v = (rng.standard_normal((1, KV_HEADS, past, HEAD_DIM)).astype(np.float32) for _ in range(2))
@@ -89,11 +108,10 @@ def compare(session: ort.InferenceSession, past: int, parents: list[int], rng: n
     diffs = []
     for j in range(n):
         anc = ancestors[j]
-        single = attend(session, q[:, j:j + 1], k[:, j:j + 1], v[:, j:j + 1],
-                        np.concatenate([past_k, heads_first(k[:, anc])], axis=2),
-                        np.concatenate([past_v, heads_first(v[:, anc])], axis=2),
-                        np.zeros((1, 1, 1, past + len(anc) + 1), np.float32))
-        diffs.append(float(np.abs(single[0, 0] - window[0, j]).max()))
+        single = single_step(session, q[:, j:j + 1], k[:, j:j + 1], v[:, j:j + 1],
+                             np.concatenate([past_k, heads_first(k[:, anc])], axis=2),
+                             np.concatenate([past_v, heads_first(v[:, anc])], axis=2), pad)
+        diffs.append(float(np.abs(single[0] - window[0, j]).max()))
     return diffs
 
 
@@ -101,6 +119,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--past", type=int, nargs="+", default=[37, 126, 300])
     parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--pad-single", action="store_true", help="single steps as two query rows (see above)")
     args = parser.parse_args()
     session = gqa_session(args.threads)
     rng = np.random.default_rng(0)
@@ -108,7 +127,7 @@ def main() -> None:
     for past in args.past:
         # control: a window of one query is the single step itself, so it must compare equal
         for name, parents in (("control (window of 1)", [-1]), ("chain", chain), ("tree", PARENTS)):
-            diffs = compare(session, past, parents, rng)
+            diffs = compare(session, past, parents, rng, args.pad_single)
             exact = [d == 0.0 for d in diffs]
             print(f"past {past} {name}: rows equal to single steps {sum(exact)}/{len(exact)}, "
                   f"largest difference {max(diffs):.2e}")
