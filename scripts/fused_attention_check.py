@@ -76,7 +76,7 @@ def heads_first(x: np.ndarray) -> np.ndarray:
 def single_step(session: ort.InferenceSession, q: np.ndarray, k: np.ndarray, v: np.ndarray, past_k: np.ndarray,
                 past_v: np.ndarray, pad: bool) -> np.ndarray:
     """One query (q [1, 1, heads*d]) over ``past_k/v`` plus its own key -> [1, heads*d]. ``pad``: as
-    rows 0 of a two-row pass whose row 1 (a copy) is hidden from row 0."""
+    row 0 of a two-row pass whose row 1 (a copy) is hidden from row 0."""
     total = past_k.shape[2] + 1
     if not pad:
         return attend(session, q, k, v, past_k, past_v, np.zeros((1, 1, 1, total), np.float32))[:, 0]
@@ -126,6 +126,7 @@ def main() -> None:
     chain = [-1, *range(len(PARENTS) - 1)]
     for past in args.past:
         # control: a window of one query is the single step itself, so it must compare equal
+        # (unless --pad-single: then it shows the one-row kernel)
         for name, parents in (("control (window of 1)", [-1]), ("chain", chain), ("tree", PARENTS)):
             diffs = compare(session, past, parents, rng, args.pad_single)
             exact = [d == 0.0 for d in diffs]
