@@ -18,7 +18,6 @@ from pathlib import Path
 import torch
 from torch import nn
 from transformers import PreTrainedModel
-from transformers.cache_utils import DynamicCache
 
 from pipeline.fuse_graph import fuse_for_ort
 from pipeline.grouped_attention import grouped_attention_of
@@ -86,13 +85,7 @@ class DecoderForExport(nn.Module):
 
     def forward(self, input_ids, position_ids, attention_bias, *past):
         num_layers = len(past) // 2
-        # runtime layout [1, t, kv, d] -> HF layout [1, kv, t, d]
-        cache = DynamicCache(
-            ddp_cache_data=[(past[2 * i].transpose(1, 2), past[2 * i + 1].transpose(1, 2)) for i in range(num_layers)]
-        )
-        new_states: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # layer -> (key, value) [1, kv, s, d]
-        for i, layer in enumerate(cache.layers):
-            layer.update = _recording(layer.update, new_states, i)
+        cache = RowCache([(past[2 * i], past[2 * i + 1]) for i in range(num_layers)])
         out = self.model.model(
             input_ids=input_ids,
             position_ids=position_ids,
@@ -104,22 +97,40 @@ class DecoderForExport(nn.Module):
         logits = self.model.lm_head(hidden)
         if self.softcap is not None:
             logits = torch.tanh(logits / self.softcap) * self.softcap
-        if sorted(new_states) != list(range(num_layers)):
-            raise ValueError(f"{type(self.model).__name__}: expected every layer to add to the cache once, "
-                             f"got layers {sorted(new_states)}")
-        # the new positions as the layers computed them, not sliced back out of the concatenation
-        present = [state.transpose(1, 2) for i in range(num_layers) for state in new_states[i]]
-        return (logits, *present, hidden)
+        return (logits, *cache.present(), hidden)
 
 
-def _recording(update, into: dict[int, tuple[torch.Tensor, torch.Tensor]], index: int):
-    """``update`` of cache layer ``index`` that also keeps the key/value states it is given."""
+class RowCache:
+    """The key/value cache as HF's attention layers use it (``update`` only), kept in the runtime's
+    layout: the cached rows [1, past, kv, d] get the new rows appended along the position axis and are
+    never transposed. ``update`` hands the attention a heads-first view [1, kv, t, d] of the
+    concatenation, as HF's caches do; ``grouped_attention`` reads it back as rows [t, kv * d], and
+    the two transposes cancel in the exported graph (``fuse_graph``), so no pass copies the cache
+    into another layout.
+    """
 
-    def record(key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
-        into[index] = (key_states, value_states)
-        return update(key_states, value_states, *args, **kwargs)
+    def __init__(self, past: list[tuple[torch.Tensor, torch.Tensor]]):  # per layer (key, value) [1, past, kv, d]
+        self._past = past
+        self._new: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # layer -> (key, value) [1, s, kv, d]
 
-    return record
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
+        """key_states, value_states [1, kv, s, d] -> every key and value [1, kv, past + s, d]."""
+        if layer_idx in self._new:
+            raise ValueError(f"layer {layer_idx} added to the cache twice in one pass")
+        new = (key_states.transpose(1, 2), value_states.transpose(1, 2))  # [1, s, kv, d]
+        self._new[layer_idx] = new
+        past_key, past_value = self._past[layer_idx]
+        return (torch.cat([past_key, new[0]], dim=1).transpose(1, 2),
+                torch.cat([past_value, new[1]], dim=1).transpose(1, 2))
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return self._past[layer_idx][0].shape[1]
+
+    def present(self) -> list[torch.Tensor]:
+        """key_0, value_0, key_1, ... [1, s, kv, d]: the new positions as the layers computed them."""
+        if sorted(self._new) != list(range(len(self._past))):
+            raise ValueError(f"expected every layer to add to the cache once, got layers {sorted(self._new)}")
+        return [state for i in range(len(self._past)) for state in self._new[i]]
 
 
 def example_inputs(dims: ModelDims, s: int = 3, past: int = 5) -> tuple[torch.Tensor, ...]:

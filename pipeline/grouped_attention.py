@@ -7,16 +7,19 @@ matrix-vector path for M = 1 that rounds differently from its matrix-matrix path
 a last-bit difference, but MatMulNBits at accuracy level 4 quantizes every activation row to
 int8, so a last-bit difference can move a value across a rounding step and flip argmaxes.
 
-Here the queries of a key/value head are stacked as rows (grouped-query attention without
-repeating K and V):
+Here a key/value head's queries are stacked as rows, and the keys and values stay in the
+cache's own rows (grouped-query attention without repeating K and V, and without copying the
+cache into a heads-first layout):
 
-    query  [1, heads, s, d]  ->  q  [1, kv, g*s, d]         g = heads / kv (>= 2 for every
-    scores = q @ k^T         [1, kv, g*s, past+s]            supported model, so M >= 2)
-    p      = softmax(scores * scaling + bias)                 per row
-    out    = p @ v           [1, kv, g*s, d]  ->  [1, s, heads, d]
+    query  [1, heads, s, d]  ->  q  [kv*g*s, kv*d]   block-diagonal: a row holds its query in its
+                                                      own head's d columns, exact zeros elsewhere
+    keys, values             ->  [t, kv*d]            the runtime's [1, t, kv, d] rows, reshaped
+    scores = q @ keys^T      [kv*g*s, t]              (zeros add nothing: each row's own head)
+    p      = softmax(scores * scaling + bias)         per row
+    out    = p @ values      [kv*g*s, kv*d]  -> each row's own head's d columns  -> [1, s, heads, d]
 
-The products have M = g*s >= 2 in every pass; a window's extra keys are masked, so they add
-exact zeros; every other op is row-wise, and the MatMulNBits kernels at level 4 quantize per row.
+The products have M = kv*g*s >= 2 rows in every pass; a window's extra keys are masked, so they
+add exact zeros; every other op is row-wise, and the MatMulNBits kernels at level 4 quantize per row.
 So a chain window gives each row the bits of a single step wherever the weight MatMuls' one-row
 kernel rounds like their many-row kernel: on the AVX-512 machines we measured, not on AVX2-only
 ones, where only the W8A8 variant's integer MatMuls are exact (docs/quantization.md). Trees need one more rule:
@@ -25,8 +28,13 @@ more where blocks meet), and a tree puts a path's keys at other slots than the s
 the runtime keeps a tree window's nodes inside one key block (``specrt.tree.fit_window``: at most
 once per 128 positions a tree is cut). Without it, the real model's gate saw one tree window
 straddle slot 128 and move a row's logits by 0.2. tests/test_quantize.py checks the int4 level-4
-graph bit for bit, chains and trees. The
-stacking also drops the ``repeat_kv`` copies (Expand) of K and V that the eager form makes.
+graph bit for bit, chains and trees.
+
+The block-diagonal products do kv times the arithmetic of per-head ones, but a decode pass is bound
+by moving the cache through memory: here each cached key and value row is copied once per pass
+(the concatenation with the new rows), where the heads-first form copied it twice (a transpose and
+a concatenation) and the eager form also repeated it per query head (Expand). docs/benchmark.md has
+the measurements.
 """
 
 from __future__ import annotations
@@ -58,24 +66,33 @@ def grouped_attention(
     if heads % kv:
         raise ValueError(f"{type(module).__name__}: {heads} query heads do not group over {kv} key/value heads")
     g = heads // kv
-    if g < 2:
-        raise ValueError(f"{type(module).__name__}: {NAME} needs >= 2 query heads per key/value head "
-                         f"(one would make a single-token step a matrix-vector product); got {heads}/{kv}")
-    q = query.reshape(batch, kv, g * s, d)  # head h = kv_index * g + j, as repeat_kv pairs them
-    scores = torch.matmul(q, key.transpose(2, 3)) * scaling  # [1, kv, g*s, t]
+    if heads < 2:
+        raise ValueError(f"{type(module).__name__}: {NAME} needs >= 2 query heads (one would make a "
+                         f"single-token step a matrix-vector product); got {heads}")
+    # keys and values as the cache's rows, [t, kv*d] (a reshape of the runtime's [1, t, kv, d] layout:
+    # RowCache hands over the heads-first view of it and the two transposes cancel in the graph)
+    key_rows = key.transpose(1, 2).reshape(t, kv * d)
+    value_rows = value.transpose(1, 2).reshape(t, kv * d)
+    # queries block-diagonal over the key/value heads: row (k, j*s + i) is query i of head k*g + j
+    # (as repeat_kv pairs them) in head k's d columns and exact zeros elsewhere, so one product
+    # with every head's keys gives each row the scores of its own head
+    q = query.reshape(kv, g * s, 1, d) * torch.eye(kv, dtype=query.dtype)[:, None, :, None]  # [kv, g*s, kv, d]
+    scores = torch.matmul(q.reshape(kv * g * s, kv * d), key_rows.T) * scaling  # [kv*g*s, t]
+    scores = scores.reshape(batch, kv, g * s, t)
     if attention_mask is not None:
-        # row j*s + i of q is query i of head j: the bias rows repeat g times (the same Tile in
-        # every layer, computed once after common-subexpression elimination)
+        # row j*s + i of a head group is query i of head j: the bias rows repeat g times (the same
+        # Tile in every layer, computed once after common-subexpression elimination)
         scores = scores + attention_mask[:, :, :, :t].repeat(1, 1, g, 1)  # [1, 1, g*s, t]
     # softmax with its normaliser summed by a matrix product as the values are: a vectorised row
     # sum would group terms by key slot, and a tree puts a path's keys in other slots than a chain.
     # Two columns of ones, not one: onnxruntime multiplies by a single column with its
-    # matrix-vector kernel, which also sums by vector lanes. (Padding V with the ones column
-    # instead copies every cached value row each pass.)
-    e = torch.exp(scores - scores.amax(dim=-1, keepdim=True))  # [1, kv, g*s, t]; masked keys -> 0
-    numerator = torch.matmul(e, value)  # [1, kv, g*s, d]
-    normaliser = torch.matmul(e, value.new_ones(t, 2))[..., :1]  # [1, kv, g*s, 1]
-    out = numerator / normaliser  # [1, kv, g*s, d]
+    # matrix-vector kernel, which also sums by vector lanes.
+    e = torch.exp(scores - scores.amax(dim=-1, keepdim=True)).reshape(kv * g * s, t)  # masked keys -> 0
+    normaliser = torch.matmul(e, value_rows.new_ones(t, 2))[:, :1]  # [kv*g*s, 1]
+    # every row times every head's values; a row keeps its own head's d columns
+    numerator = torch.matmul(e, value_rows).reshape(kv, g * s, kv, d)  # [kv, g*s, kv, d]
+    numerator = torch.stack([numerator[k, :, k] for k in range(kv)])  # [kv, g*s, d]
+    out = numerator / normaliser.reshape(kv, g * s, 1)  # [kv, g*s, d]
     return out.reshape(batch, heads, s, d).transpose(1, 2).contiguous(), None  # [1, s, heads, d]
 
 

@@ -40,6 +40,25 @@ def test_exported_graph_has_fused_norms_projections_and_rotary(tiny_artifact):
     assert ops["MatMul"] == 7 * layers + 1 and ops["Pad"] == 0
 
 
+def test_exported_graph_reads_the_cache_in_its_own_layout(tiny_artifact):
+    """The cached K/V rows [1, past, kv, d] go straight into their concatenation with the new rows,
+    and that goes (reshaped) into the attention products: no pass transposes a copy of the cache."""
+    folder, model = tiny_artifact
+    graph = onnx.load(str(folder / read_manifest(folder).decoder), load_external_data=False).graph
+    consumers = collections.defaultdict(list)
+    for node in graph.node:
+        for name in node.input:
+            consumers[name].append(node)
+    past = [i.name for i in graph.input if i.name.startswith("past.")]
+    assert len(past) == 2 * model.config.num_hidden_layers
+    for name in past:
+        (concat,) = [n for n in consumers[name] if n.op_type != "Shape"]  # (a Shape reads no data)
+        assert concat.op_type == "Concat" and concat.input[0] == name
+        (reshape,) = consumers[concat.output[0]]
+        assert reshape.op_type == "Reshape"
+        assert {n.op_type for n in consumers[reshape.output[0]]} <= {"MatMul", "Transpose"}  # K^T: MatMul's transB
+
+
 def _projections(bias: bool) -> onnx.ModelProto:
     rng = np.random.default_rng(0)
     nodes, inits, outputs = [], [], []
