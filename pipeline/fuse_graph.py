@@ -12,6 +12,10 @@ onnxruntime a few microseconds of dispatch whatever its size. Three rewrites of 
     sibling projections  MatMul(x, Wq) + bq, MatMul(x, Wk) + bk, MatMul(x, Wv) + bv
                          ──► Split(MatMul(x, [Wq | Wk | Wv]) + [bq | bk | bv])   (q/k/v, gate/up)
 
+    transposed left operand  MatMul(Transpose(a), b) ──► com.microsoft.FusedMatMul(a, b, transA=1)
+             (the grouped attention's two products with the softmax numerators, which it keeps
+              keys-first: MLAS then sums the keys in blocks of 128 whatever the window's size)
+
     rotary (RoPE, rotate-half form)
              x * cos + Concat(-x[..., h:], x[..., :h]) * sin   (cos, sin: functions of position_ids)
                          ──► com.microsoft.RotaryEmbedding(x, position_ids, cos_cache, sin_cache)
@@ -53,6 +57,7 @@ def fuse_for_ort(model: ir.Model, position_ids: str, max_positions: int) -> dict
         "rms_normalization": fuse_rms_normalization(model),
         "skip_rms_normalization": fuse_skip_rms_normalization(model),
         "sibling_matmuls": concat_sibling_matmuls(model),
+        "transposed_operands": fuse_transposed_operands(model),
         "rotary_embedding": fuse_rotary(model, position_ids, max_positions),
     }
     ir.passes.common.RemoveUnusedNodesPass()(model)  # the replaced nodes, their weights, the cos/sin subgraph
@@ -137,10 +142,41 @@ def _take_over(old: ir.Value, new: ir.Value) -> None:
     ir.convenience.replace_all_uses_with(old, new, replace_graph_outputs=True)
 
 
+MS_DOMAIN = "com.microsoft"
+
+
+def fuse_transposed_operands(model: ir.Model) -> int:
+    """MatMul(Transpose(a), b) with ``a`` of rank 2 -> FusedMatMul(a, b, transA=1); returns how many.
+
+    Not for speed: for the bits. MLAS's SGEMM sums K (here the keys) in blocks whose size depends on
+    the columns each thread gets, and the threads split the columns or the rows whichever are more, so
+    with A stored row-major the blocks change with the number of rows (a single step summed 256 keys
+    per block, a 15-row tree window 128: the real model's gate saw it). With A read transposed MLAS
+    keeps the blocks at 128 keys for every shape (it does not widen them when it must transpose A).
+    onnxruntime's optimizer makes the same fusion at its extended level; in the graph itself it holds
+    at every level a session may choose (tests/test_grouped_attention.py fails without it when a
+    session disables the optimizer).
+    """
+    graph = model.graph
+    fused = 0
+    for node in list(graph):
+        transpose = _producer(node.inputs[0], "Transpose") if node.op_type == "MatMul" and node.domain == "" else None
+        perm = transpose.attributes.get_ints("perm") if transpose is not None else None
+        if transpose is None or perm is None or list(perm) != [1, 0]:
+            continue
+        matmul = ir.node("FusedMatMul", [transpose.inputs[0], node.inputs[1]], {"transA": 1}, domain=MS_DOMAIN,
+                         name=f"{node.name}.transposed_a")
+        graph.insert_before(node, matmul)
+        _take_over(node.outputs[0], matmul.outputs[0])
+        graph.remove(node, safe=True)
+        fused += 1
+    if fused:
+        graph.opset_imports.setdefault(MS_DOMAIN, 1)
+    return fused
+
+
 # ---------------------------------------------------------------------------------------------
 # rotary embedding
-
-MS_DOMAIN = "com.microsoft"
 
 
 @dataclass(frozen=True)

@@ -11,14 +11,21 @@ Here a key/value head's queries are stacked as rows, and the keys and values sta
 cache's own rows (grouped-query attention without repeating K and V, and without copying the
 cache into a heads-first layout):
 
-    query  [1, heads, s, d]  ->  q  [kv*g*s, kv*d]   block-diagonal: a row holds its query in its
-                                                      own head's d columns, exact zeros elsewhere
-    keys, values             ->  [t, kv*d]            the runtime's [1, t, kv, d] rows, reshaped
-    scores = q @ keys^T      [kv*g*s, t]              (zeros add nothing: each row's own head)
-    p      = softmax(scores * scaling + bias)         per row
-    out    = p @ values      [kv*g*s, kv*d]  -> each row's own head's d columns  -> [1, s, heads, d]
+    keys, values  [1, t, kv, d]  ->  [t, kv*d]        the runtime's cache rows, reshaped
+    query         [1, heads, s, d] -> q_t [kv*d, rows]  rows = kv*g*s; block-diagonal: column (k, r)
+                                                        holds its query in head k's d rows, zeros elsewhere
+    scores_t = keys @ q_t             [t, rows]         (zeros add nothing: each query's own head)
+    e_t      = exp(scores_t * scaling + bias - max over the keys)
+    out      = e_t^T @ values         [rows, kv*d]  ->  each row's own head's d columns -> [1, s, heads, d]
 
-The products have M = kv*g*s >= 2 rows in every pass; a window's extra keys are masked, so they
+The numerators stay keys-first and the products with them read them transposed (FusedMatMul with
+transA, ``fuse_graph.fuse_transposed_operands``): MLAS's SGEMM sums the keys in blocks whose size
+follows the columns each thread gets, and its threads split the rows or the columns, whichever
+are more. Read row-major, a single step (14 rows) summed 256 keys per block and a 15-row tree
+window 128, so their bits differed past 256 cached positions; read transposed, the blocks are 128
+keys for every shape (tests/test_grouped_attention.py).
+
+The products have kv*g*s >= 2 rows in every pass; a window's extra keys are masked, so they
 add exact zeros; every other op is row-wise, and the MatMulNBits kernels at level 4 quantize per row.
 So a chain window gives each row the bits of a single step wherever the weight MatMuls' one-row
 kernel rounds like their many-row kernel: on the AVX-512 machines we measured, not on AVX2-only
@@ -69,28 +76,31 @@ def grouped_attention(
     if heads < 2:
         raise ValueError(f"{type(module).__name__}: {NAME} needs >= 2 query heads (one would make a "
                          f"single-token step a matrix-vector product); got {heads}")
+    rows = kv * g * s  # query rows; row (k, j*s + i) is query i of head k*g + j (as repeat_kv pairs them)
     # keys and values as the cache's rows, [t, kv*d] (a reshape of the runtime's [1, t, kv, d] layout:
     # RowCache hands over the heads-first view of it and the two transposes cancel in the graph)
     key_rows = key.transpose(1, 2).reshape(t, kv * d)
     value_rows = value.transpose(1, 2).reshape(t, kv * d)
-    # queries block-diagonal over the key/value heads: row (k, j*s + i) is query i of head k*g + j
-    # (as repeat_kv pairs them) in head k's d columns and exact zeros elsewhere, so one product
-    # with every head's keys gives each row the scores of its own head
-    q = query.reshape(kv, g * s, 1, d) * torch.eye(kv, dtype=query.dtype)[:, None, :, None]  # [kv, g*s, kv, d]
-    scores = torch.matmul(q.reshape(kv * g * s, kv * d), key_rows.T) * scaling  # [kv*g*s, t]
-    scores = scores.reshape(batch, kv, g * s, t)
+    # the queries transposed and block-diagonal over the key/value heads: column (k, r) holds query
+    # row r of group k in head k's d rows and exact zeros elsewhere, so one product with every
+    # head's keys gives each query its own head's scores
+    q_t = query.reshape(kv, g * s, d).permute(2, 0, 1)  # [d, kv, g*s]
+    q_t = (q_t[None] * torch.eye(kv, dtype=query.dtype)[:, None, :, None]).reshape(kv * d, rows)  # [kv*d, rows]
+    # scores keys-first, [t, rows]: the softmax then leaves e keys-first, which the two products
+    # below read transposed (see the module docstring for why that orientation)
+    scores_t = torch.matmul(key_rows, q_t) * scaling  # [t, rows]
     if attention_mask is not None:
-        # row j*s + i of a head group is query i of head j: the bias rows repeat g times (the same
-        # Tile in every layer, computed once after common-subexpression elimination)
-        scores = scores + attention_mask[:, :, :, :t].repeat(1, 1, g, 1)  # [1, 1, g*s, t]
-    # softmax with its normaliser summed by a matrix product as the values are: a vectorised row
-    # sum would group terms by key slot, and a tree puts a path's keys in other slots than a chain.
+        # query i's bias column, repeated for every head (the same Tile in every layer, computed
+        # once after common-subexpression elimination)
+        scores_t = scores_t + attention_mask[0, 0, :, :t].transpose(0, 1).repeat(1, kv * g)  # [t, rows]
+    # softmax with its normaliser summed by a matrix product as the values are: a vectorised sum
+    # would group terms by key slot, and a tree puts a path's keys in other slots than a chain.
     # Two columns of ones, not one: onnxruntime multiplies by a single column with its
     # matrix-vector kernel, which also sums by vector lanes.
-    e = torch.exp(scores - scores.amax(dim=-1, keepdim=True)).reshape(kv * g * s, t)  # masked keys -> 0
-    normaliser = torch.matmul(e, value_rows.new_ones(t, 2))[:, :1]  # [kv*g*s, 1]
+    e_t = torch.exp(scores_t - scores_t.amax(dim=0, keepdim=True))  # [t, rows]; masked keys -> 0
+    normaliser = torch.matmul(e_t.T, value_rows.new_ones(t, 2))[:, :1]  # [rows, 1]
     # every row times every head's values; a row keeps its own head's d columns
-    numerator = torch.matmul(e, value_rows).reshape(kv, g * s, kv, d)  # [kv, g*s, kv, d]
+    numerator = torch.matmul(e_t.T, value_rows).reshape(kv, g * s, kv, d)  # [kv, g*s, kv, d]
     numerator = torch.stack([numerator[k, :, k] for k in range(kv)])  # [kv, g*s, d]
     out = numerator / normaliser.reshape(kv, g * s, 1)  # [kv, g*s, d]
     return out.reshape(batch, heads, s, d).transpose(1, 2).contiguous(), None  # [1, s, heads, d]

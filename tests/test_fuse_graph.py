@@ -35,9 +35,10 @@ def test_exported_graph_has_fused_norms_projections_and_rotary(tiny_artifact):
     assert ops["RotaryEmbedding"] == 2 * layers  # q and k of every layer
     assert ops["Neg"] == 0 and ops["Sin"] == 0 and ops["Cos"] == 0  # rotate-half and the per-step cos/sin are gone
     assert ops["SkipSimplifiedLayerNormalization"] >= layers and ops["Pow"] == 0
-    # per layer: q|k|v, o, gate|up, down, and the three attention products (scores, values, the
-    # softmax's normaliser); plus the lm_head. No Pad: the cached values are not copied into a wider tensor
-    assert ops["MatMul"] == 7 * layers + 1 and ops["Pad"] == 0
+    # per layer: q|k|v, o, gate|up, down, and the scores; plus the lm_head. The products with the
+    # softmax's numerators (values, normaliser) read them transposed. No Pad: the cached values are
+    # not copied into a wider tensor
+    assert ops["MatMul"] == 5 * layers + 1 and ops["FusedMatMul"] == 2 * layers and ops["Pad"] == 0
 
 
 def test_exported_graph_reads_the_cache_in_its_own_layout(tiny_artifact):
@@ -56,7 +57,7 @@ def test_exported_graph_reads_the_cache_in_its_own_layout(tiny_artifact):
         assert concat.op_type == "Concat" and concat.input[0] == name
         (reshape,) = consumers[concat.output[0]]
         assert reshape.op_type == "Reshape"
-        assert {n.op_type for n in consumers[reshape.output[0]]} <= {"MatMul", "Transpose"}  # K^T: MatMul's transB
+        assert {n.op_type for n in consumers[reshape.output[0]]} <= {"MatMul", "FusedMatMul"}
 
 
 def _projections(bias: bool) -> onnx.ModelProto:
