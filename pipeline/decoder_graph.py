@@ -105,8 +105,8 @@ class RowCache:
     layout: the cached rows [1, past, kv, d] get the new rows appended along the position axis and are
     never transposed. ``update`` hands the attention a heads-first view [1, kv, t, d] of the
     concatenation, as HF's caches do; ``grouped_attention`` reads it back as rows [t, kv * d], and
-    the two transposes cancel in the exported graph (``fuse_graph``), so no pass copies the cache
-    into another layout.
+    the exporter's optimizer cancels the two transposes (tests/test_fuse_graph.py checks the graph),
+    so no pass copies the cache into another layout.
     """
 
     def __init__(self, past: list[tuple[torch.Tensor, torch.Tensor]]):  # per layer (key, value) [1, past, kv, d]

@@ -1,7 +1,7 @@
 """Fewer, larger operators in the exported decoder graph, for onnxruntime's CPU provider.
 
 On a 0.5B model a decode step was ~1,900 operators, most of them tiny, and each costs
-onnxruntime a few microseconds of dispatch whatever its size. Three rewrites of the fp32 graph
+onnxruntime a few microseconds of dispatch whatever its size. Four rewrites of the fp32 graph
 (before quantization, so the quantizers see the final weights):
 
     RMSNorm  Pow-ReduceMean-Add-Sqrt-Reciprocal-Mul-Mul ──► SimplifiedLayerNormalization
