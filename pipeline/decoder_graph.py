@@ -101,7 +101,8 @@ class DecoderForExport(nn.Module):
 
 
 class RowCache:
-    """The key/value cache as HF's attention layers use it (``update`` only), kept in the runtime's
+    """The key/value cache as HF's attention layers use it (``update`` only: the export always passes
+    ``position_ids``, so the models never ask the cache for its length), kept in the runtime's
     layout: the cached rows [1, past, kv, d] get the new rows appended along the position axis and are
     never transposed. ``update`` hands the attention a heads-first view [1, kv, t, d] of the
     concatenation, as HF's caches do; ``grouped_attention`` reads it back as rows [t, kv * d], and
@@ -122,9 +123,6 @@ class RowCache:
         past_key, past_value = self._past[layer_idx]
         return (torch.cat([past_key, new[0]], dim=1).transpose(1, 2),
                 torch.cat([past_value, new[1]], dim=1).transpose(1, 2))
-
-    def get_seq_length(self, layer_idx: int = 0) -> int:
-        return self._past[layer_idx][0].shape[1]
 
     def present(self) -> list[torch.Tensor]:
         """key_0, value_0, key_1, ... [1, s, kv, d]: the new positions as the layers computed them."""
