@@ -44,10 +44,13 @@ class WorkerConfig:
     warmup_prompt: tuple[int, ...]  # generated untimed (warmup_tokens new tokens) once per options entry
     warmup_tokens: int
     warmup_options: tuple[dict[str, Any], ...] = field(default=({},))
+    datastore: str | None = None  # specrt: the retrieval datastore folder (rest, sam_decoding, asam*)
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
             raise ValueError(f"peer worker kind must be one of {KINDS}, got {self.kind!r}")
+        if self.datastore is not None and self.kind != "specrt":
+            raise ValueError(f"peer worker {self.kind!r}: only specrt takes a datastore")
 
 
 def _specrt_loader(config: WorkerConfig) -> Generate:
@@ -58,7 +61,8 @@ def _specrt_loader(config: WorkerConfig) -> Generate:
 
     from .bench import PREFIX_CACHE_MB
 
-    model = specrt.load(config.path, threads=config.threads, prefix_cache_mb=PREFIX_CACHE_MB)
+    model = specrt.load(config.path, threads=config.threads, datastore=config.datastore,
+                        prefix_cache_mb=PREFIX_CACHE_MB)
 
     def generate(prompt: np.ndarray, n: int, options: dict[str, Any]) -> tuple[np.ndarray, float, float, int, dict]:
         if options.get("cold"):

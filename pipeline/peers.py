@@ -28,6 +28,8 @@ Peers, each greedy, batch 1, on the CPU, with the same intra-op thread count as 
   (default ``pld``) when ``--artifact`` names one of our artifacts: then the prompts are encoded by
   that artifact, and every peer's token match is reported against specrt's plain decoding. Each
   prompt starts with no history (``forget_history``): no method learns from the others' prompts.
+  The retrieval methods (``rest``, ``sam_decoding``, ``asam``, ``asam_verify``) draft from
+  ``--datastore`` (the ``corpora`` stage's, built from pinned corpora, not from Spec-Bench).
 
 Prompts are token ids: the first turns of Spec-Bench questions in the model's chat template
 (``model.encode(turn, chat=True)`` of the artifact, or else the HF tokenizer with the template
@@ -83,6 +85,7 @@ import yaml
 from .atomic import staged_dir, write_text_atomic
 from .bench import matched_prefix
 from .checkpoint import full_checkpoint, has_weights, load_causal_lm
+from .lossless import RETRIEVAL
 from .specbench import first_per_task, read_questions
 
 log = logging.getLogger(__name__)
@@ -476,6 +479,7 @@ def run(
     genai_ngram: dict[str, Any] | None = None,
     artifact: Path | None = None,
     methods: Sequence[str] = ("pld",),
+    datastore: Path | None = None,
     hf: bool = True,
     rebuild: bool = False,
     rounds: int = 2,
@@ -483,7 +487,8 @@ def run(
 ) -> dict[str, Any]:
     """Worker of the CLI: builds the genai models under ``build_dir/<precision>``, runs every peer
     on the same prompt ids, and returns the report. ``methods``: specrt's methods run on
-    ``artifact`` beside its plain decoding (``baseline``, the reference of every token match).
+    ``artifact`` beside its plain decoding (``baseline``, the reference of every token match);
+    the retrieval ones (:data:`pipeline.lossless.RETRIEVAL`) draft from ``datastore``.
 
     Every model runs in its own worker process (:mod:`pipeline.peer_worker`); the generations are
     interleaved prompt by prompt over ``rounds`` rounds (:func:`interleave`), the transformers runs
@@ -493,6 +498,9 @@ def run(
 
     if rounds < 1:
         raise ValueError(f"rounds must be >= 1, got {rounds}")
+    if datastore is None and (need := sorted(set(methods) & RETRIEVAL)):
+        raise ValueError(f"methods {need} draft from a retrieval datastore: pass one (--datastore, a folder "
+                         "built by `python -m pipeline.corpora`) or leave them out")
     genai_ngram = dict(GENAI_NGRAM if genai_ngram is None else genai_ngram)
     questions = first_per_task(read_questions(questions_path), per_task)[:max_prompts]
     texts = [q.turns[0] for q in questions]
@@ -518,8 +526,9 @@ def run(
                 builds[precision] = {**record, "reused": True}
 
     def config(kind: str, path: Path, options: Sequence[dict[str, Any]]) -> WorkerConfig:
+        store = str(Path(datastore).resolve()) if kind == "specrt" and datastore is not None else None
         return WorkerConfig(kind, str(Path(path).resolve()), threads, tuple(eos), tuple(int(t) for t in prompts[0]),
-                            min(WARMUP_TOKENS, max_new_tokens), tuple(options))
+                            min(WARMUP_TOKENS, max_new_tokens), tuple(options), datastore=store)
 
     hf_options = [{"prompt_lookup": None}, *([{"prompt_lookup": prompt_lookup}] if prompt_lookup else [])]
     workers: dict[str, PeerWorker] = {}
@@ -676,6 +685,8 @@ def main(argv: list[str] | None = None) -> int:
                         "baseline and --methods beside the peers, and is the token-match reference")
     parser.add_argument("--methods", nargs="*", default=["pld"],
                         help="specrt methods run on --artifact besides its plain decoding (default: pld)")
+    parser.add_argument("--datastore", type=Path,
+                        help="retrieval datastore of --artifact (needed by rest, sam_decoding, asam, asam_verify)")
     parser.add_argument("--rounds", type=int, default=2,
                         help="rounds of the interleaved runs (transformers runs in the first only)")
     parser.add_argument("--transformers-prompts", type=int,
@@ -708,8 +719,8 @@ def main(argv: list[str] | None = None) -> int:
             max_prompts=args.max_prompts, max_prompt_tokens=args.max_prompt_tokens,
             max_new_tokens=args.max_new_tokens, threads=args.threads, prompt_lookup=args.prompt_lookup,
             genai_ngram={"ngram_size": args.genai_ngram_size, "max_draft_tokens": args.genai_max_draft_tokens},
-            artifact=args.artifact, methods=args.methods, hf=not args.no_hf, rebuild=args.rebuild,
-            rounds=args.rounds, transformers_prompts=args.transformers_prompts,
+            artifact=args.artifact, methods=args.methods, datastore=args.datastore, hf=not args.no_hf,
+            rebuild=args.rebuild, rounds=args.rounds, transformers_prompts=args.transformers_prompts,
         )
     write_text_atomic(args.out, json.dumps(report, indent=2) + "\n")
     if args.metrics:

@@ -333,6 +333,25 @@ def test_our_methods_run_after_plain_decoding_and_match_it(tiny_artifact, tmp_pa
     assert short["prompt_ids"] == [ids[-5:].tolist() for ids in full]  # a long prompt keeps its last tokens
 
 
+def test_retrieval_methods_draft_from_the_datastore_given_and_are_refused_without_one(tiny_artifact, tmp_path):
+    from pipeline.corpora import build_from_texts
+    from tests.tiny import TRAINING_TEXT, specbench_questions
+
+    folder, _ = tiny_artifact
+    questions = specbench_questions(tmp_path / "question.jsonl")
+    with pytest.raises(ValueError, match=r"methods \['asam_verify', 'rest'\] draft from a retrieval datastore"):
+        peers.run(tmp_path / "no-hf", questions, tmp_path / "builds", precisions=(), artifact=folder,
+                  methods=("pld", "asam_verify", "rest"), hf=False)
+    store = tmp_path / "datastore"
+    build_from_texts([("train", "tests.tiny.TRAINING_TEXT", TRAINING_TEXT)], folder / "tokenizer.json", store)
+    report = peers.run(tmp_path / "no-hf", questions, tmp_path / "builds", precisions=(), max_prompts=2,
+                       max_new_tokens=12, threads=1, artifact=folder, methods=("asam_verify",), datastore=store,
+                       hf=False, rounds=1)
+    runs = {r["name"].rsplit("/", 1)[1]: r for r in report["runs"]}
+    assert list(runs) == ["baseline", "asam_verify"]
+    assert runs["asam_verify"]["ids"] == runs["baseline"]["ids"] and runs["asam_verify"]["token_match"] == 1.0
+
+
 def test_run_loads_a_gguf_checkpoint_once_and_not_at_all_when_builds_are_reused(tiny_hf, tmp_path, monkeypatch):
     # the builder's temporary checkpoint and the transformers runs share one load of the GGUF
     from tests.tiny import specbench_questions
