@@ -26,6 +26,7 @@ import numpy as np
 
 from .backend import ForwardOutput, OrtDecoder
 from .backoff import Backoff
+from .blas import BlasGuard
 from .cost import VerifyCostModel
 from .drafters import Drafter, Feedback
 from .errors import DrafterError, InvalidRequestError, check_int
@@ -173,9 +174,11 @@ class SpeculativeLoop:
         method: str | None = None,  # the drafter's registered name, for error messages
         backoff_from: Backoff | None = None,  # an earlier request's back-off: start from its estimate
         prefix_cache: PrefixCache | None = None,  # prompts' KV kept across requests (specrt.prefix_cache)
+        blas: BlasGuard | None = None,  # drafter calls run with one BLAS thread (specrt.blas); None: as they are
     ):
         self.decoder = decoder
         self.prefix_cache = prefix_cache
+        self.blas = blas
         self.drafter = drafter
         kind = type(drafter).__name__
         self.drafter_label = f"drafter {method!r} ({kind})" if method else f"drafter {kind}"
@@ -224,9 +227,13 @@ class SpeculativeLoop:
         return emitted, None
 
     def _call_drafter(self, step: str, fn: Callable[..., Any], *args: Any) -> Any:
-        """The drafter's ``step`` (begin / propose / observe): whatever it raises becomes a DrafterError."""
+        """The drafter's ``step`` (begin / propose / observe), with one BLAS thread when the loop has a
+        guard: whatever it raises becomes a DrafterError."""
         try:
-            return fn(*args)
+            if self.blas is None:
+                return fn(*args)
+            with self.blas.single_threaded():
+                return fn(*args)
         except Exception as e:  # an untrusted plug-in: any failure is reported as the drafter's
             raise DrafterError(f"{self.drafter_label} raised {type(e).__name__} in {step}: {e}") from e
 

@@ -39,6 +39,7 @@ import numpy as np
 from tokenizers import Tokenizer
 
 from .backend import DecoderSession, OrtDecoder
+from .blas import BlasGuard
 from .cost import VerifyCostModel
 from .datastore import STATE_KEY as DATASTORE_STATE_KEY
 from .datastore import datastore_for
@@ -157,6 +158,7 @@ class SpecModel:
         self.drafter_state: dict[str, Any] = {}  # per-method state that outlives a request (lent to one at a time)
         self.verify_cost = SharedCostModel()  # measured verify-pass time by window size
         self.prefix_cache = PrefixCache(int(mb * 2**20)) if mb > 0 else None  # prompts' KV across requests
+        self.blas = BlasGuard()  # drafters' numpy products on one thread: onnxruntime's threads own the cores
         # guards _idle, leases and _warned_unsafe; re-entrant: a lease may be given back by the garbage
         # collector (weakref.finalize) while this thread holds the lock
         self._lock = threading.RLock()
@@ -258,7 +260,7 @@ class SpecModel:
             loop = SpeculativeLoop(
                 lease.decoder, drafter, self.manifest.eos_token_ids, config, self.verify_cost, method=label,
                 backoff_from=self.drafter_state.get(backoff_key) if backoff_key else None,
-                prefix_cache=self.prefix_cache,
+                prefix_cache=self.prefix_cache, blas=self.blas,
             )
         except BaseException:
             lease.release()
