@@ -2,7 +2,7 @@
 
 numpy's OpenBLAS runs a large product on a pool of worker threads, and those threads keep spinning
 for a while after the product returns before they sleep. A drafter that multiplies hidden states
-once per step (``adapld``, ``pld_plus``: [<= 1024, hidden] @ [hidden]) left such a thread spinning
+once per step (``adapld``: [<= 1024, hidden] @ [hidden]) left such a thread spinning
 through the verify pass that followed it, on the cores that onnxruntime's intra-op threads use. On a
 2-core machine a plain step of the 0.5B int4 model then took 35-39 ms instead of 21-22, and
 ``adapld`` (tree) decoded Spec-Bench's RAG prompt at 0.5x plain decoding (docs/benchmark.md,
@@ -10,7 +10,8 @@ session 14). A product of that size gains nothing from a second thread that the 
 
 :class:`BlasGuard` runs each drafter call with every BLAS library loaded in the process at one
 thread, and gives the libraries back their own thread counts once no call of the same guard is in
-flight (one model serves several requests at once). Code outside drafter calls is not affected.
+flight (one model serves several requests at once). The limit is the process's: while a drafter
+call is in flight, BLAS calls of other threads run on one thread too; outside them nothing changes.
 """
 
 from __future__ import annotations
