@@ -35,6 +35,7 @@ from onnx import TensorProto, helper
 
 from pipeline.fuse_graph import fuse_transposed_operands
 from pipeline.grouped_attention import grouped_attention
+from specrt.tree import causal_bias
 
 HEADS, KV_HEADS, HEAD_DIM, LAYERS = 14, 2, 64, 24
 CAPACITY = 4096  # rows of gqa_share's buffers
@@ -107,9 +108,7 @@ def binding(kind: str, session: ort.InferenceSession, s: int, past: int, rng: np
         host("q", rng.standard_normal((1, HEADS, s, HEAD_DIM), np.float32))
         host("k", rng.standard_normal((1, s, KV_HEADS, HEAD_DIM), np.float32))
         host("v", rng.standard_normal((1, s, KV_HEADS, HEAD_DIM), np.float32))
-        bias = np.zeros((1, 1, s, past + s), np.float32)
-        bias[0, 0, :, past:] = np.triu(np.full((s, s), np.finfo(np.float32).min), 1)
-        host("bias", bias)
+        host("bias", causal_bias(past, s)[None, None])  # [1, 1, s, past + s]
         for i in range(2 * LAYERS):
             host(f"past{i}", rng.standard_normal((1, past, KV_HEADS, HEAD_DIM), np.float32))
         b.bind_output("out")
@@ -123,9 +122,8 @@ def binding(kind: str, session: ort.InferenceSession, s: int, past: int, rng: np
         if kind == "gqa_share":  # past and present: one buffer
             buffer = rng.standard_normal((1, KV_HEADS, CAPACITY, HEAD_DIM), np.float32)
             keep.append(buffer)
-            for bind in (b.bind_input, b.bind_output):
-                bind(f"{'past' if bind == b.bind_input else 'present'}{i}", "cpu", 0, np.float32,
-                     list(buffer.shape), buffer.ctypes.data)
+            b.bind_input(f"past{i}", "cpu", 0, np.float32, list(buffer.shape), buffer.ctypes.data)
+            b.bind_output(f"present{i}", "cpu", 0, np.float32, list(buffer.shape), buffer.ctypes.data)
         else:
             host(f"past{i}", rng.standard_normal((1, KV_HEADS, past, HEAD_DIM), np.float32))
             b.bind_output(f"present{i}")
