@@ -38,3 +38,15 @@ def test_line_through_measured_sizes_never_below_cheapest():
 def test_bad_decay():
     with pytest.raises(ValueError, match="decay"):
         VerifyCostModel(decay=1.0)
+
+
+def test_estimates_follow_every_new_measurement():
+    cost = VerifyCostModel(decay=0.5)
+    cost.record(1, 0.10)
+    cost.record(9, 0.18)
+    assert cost.estimate(5) == pytest.approx(0.14)
+    cost.record(9, 0.26)  # running mean at 9: 0.22
+    assert cost.estimate(5) == pytest.approx(0.16)
+    cost.record(3, 0.13)  # least squares through (1, 0.10), (3, 0.13), (9, 0.22): 0.085 + 0.015 s
+    assert cost.estimate(7) == pytest.approx(0.19)
+    assert cost.estimate(5) == pytest.approx(0.16)

@@ -31,6 +31,7 @@ import heapq
 
 import numpy as np
 
+from ..topk import top_k
 from ..tree import DraftTree
 from .base import DrafterEnv, Feedback
 
@@ -142,10 +143,7 @@ class TokenRecycling:
         if root is None:
             return
         logits = feedback.logits  # [n + 1, vocab]
-        k = min(self.top_k, logits.shape[-1])
-        top = np.argpartition(-logits, k - 1, axis=-1)[:, :k]  # [n + 1, k], unordered
-        order = np.argsort(-np.take_along_axis(logits, top, axis=-1), axis=-1, kind="stable")
-        top = np.take_along_axis(top, order, axis=-1).astype(np.int64)  # [n + 1, k], best first
+        top = top_k(logits, min(self.top_k, logits.shape[-1]))  # [n + 1, k], best first
         for slot, token in enumerate([root, *feedback.tree.token_ids.tolist()]):
             self.table[int(token)] = top[slot]
 
