@@ -6,11 +6,15 @@
 
 The measuring core of the benchmark stages (``pipeline.pair_bench``) and a CLI for quick looks.
 The machines are shared and noisy, so for every prompt and temperature plain decoding
-(``baseline``) runs first, every method right after it, on the same prompt with the same seed,
-and the baseline once more at the end: a method's speedup is its decode tokens/s over the mean
-of the two baseline runs that bracket it (summed tokens over summed seconds across prompts), and
-every run reports ``baseline_drift``, the largest change of the baseline's speed between its two
-runs over the prompts: how far the machine moved while the methods ran. Prefill time is reported apart: the
+(``baseline``) runs first, the methods after it, on the same prompt with the same seed, and the
+baseline once more after every ``baseline_every`` method runs and at the end: a method's speedup
+is its decode tokens/s over the mean of the two baseline runs that bracket it (summed tokens over
+summed seconds across prompts), and every run reports ``baseline_drift``, the largest change of
+the baseline's speed between those two runs over the prompts: how far the machine moved while
+the methods ran. The machine's speed wanders over seconds, not only from run to run: 40 plain
+32-token runs in a row on one prompt (2-core AVX-512 EPYC, int4) had a lag-1 autocorrelation of
+0.42-0.60, and the mean of two baseline runs 31 runs apart missed the runs between them by 6.7-10.8%
+on average, two runs 2-4 apart by 2.8-4.5% (session 15, docs/benchmark.md). Prefill time is reported apart: the
 baseline's cold prefill of each prompt, for every run. The stages load the model with a prefix
 cache (``PREFIX_CACHE_MB``), so every method run reuses the baseline's prompt KV instead of
 running the same prefill passes again (bit for bit the same rows: specrt.prefix_cache). Greedy runs
@@ -67,18 +71,20 @@ class Run:
 
 @dataclass(frozen=True)
 class Baseline:
-    """Plain decoding of one prompt, run before and after that prompt's method runs."""
+    """Plain decoding of one prompt: the reference of the method runs between two of its runs."""
 
-    tokens: int  # decode tokens of one run (both runs emit the same tokens)
-    seconds: float  # decode seconds, the mean of the two runs
-    prefill_s: float  # the first run's prefill (cold: nothing cached yet)
-    drift: float  # the second run's decode tok/s over the first's, minus 1
+    tokens: int  # decode tokens of one run (every run emits the same tokens)
+    seconds: float  # decode seconds, the mean of the runs
+    prefill_s: float  # the prompt's first (cold) prefill
+    drift: float  # the largest change of decode tok/s from one run to the next, as a fraction
 
     @classmethod
-    def bracket(cls, before: LoopStats, after: LoopStats) -> Baseline:
-        first, second = before.decode_tokens_per_s, after.decode_tokens_per_s
-        return cls(before.decode_tokens, (before.decode_s + after.decode_s) / 2, before.prefill_s,
-                   second / first - 1 if first else 0.0)
+    def over(cls, runs: list[LoopStats], prefill_s: float) -> Baseline:
+        """The runs in the order they ran (a bracket: the one before and the one after)."""
+        speeds = [r.decode_tokens_per_s for r in runs]
+        drifts = [b / a - 1 if a else 0.0 for a, b in zip(speeds, speeds[1:])]
+        return cls(runs[0].decode_tokens, sum(r.decode_s for r in runs) / len(runs), prefill_s,
+                   max(drifts, key=abs, default=0.0))
 
 
 @dataclass
@@ -95,7 +101,7 @@ class Tally:
     accepted: int = 0
     base_tokens: int = 0  # the baseline runs that bracket this run's, on the same prompts
     base_seconds: float = 0.0
-    drifts: list[float] = field(default_factory=list)  # per prompt: the baseline's change between its two runs
+    drifts: list[float] = field(default_factory=list)  # per prompt: the baseline's change between the runs that bracket it
     matched: int = 0  # greedy: tokens equal to the baseline's before the first divergence
     compared: int = 0
     prompt_tokens_per_s: list[float] = field(default_factory=list)  # decode tok/s per prompt
@@ -158,9 +164,15 @@ def measure(
     *,
     max_new_tokens: int,
     draft_budget: int = 8,
+    baseline_every: int | None = None,
 ) -> dict[str, dict[str, Tally]]:
     """Tallies per run name, per task and over ``"all"`` tasks; baselines are reported as runs
-    ``baseline/chain/t<T>`` (their own reference: speedup 1). Seed = prompt index."""
+    ``baseline/chain/t<T>`` (their own reference: speedup 1). Seed = prompt index.
+
+    ``baseline_every``: plain decoding runs again after every that many method runs (None: only
+    after the last), so that each method is measured against the two baseline runs nearest to it."""
+    if baseline_every is not None and baseline_every < 1:
+        raise ValueError(f"baseline_every must be >= 1 or None, got {baseline_every}")
     tallies: dict[str, dict[str, Tally]] = {}
     temperatures = sorted({r.temperature for r in runs})
     for seed, prompt in enumerate(prompts):
@@ -170,27 +182,39 @@ def measure(
             if model.prefix_cache is not None:  # the baseline's prefill runs cold: the prefill every run reports
                 model.prefix_cache.clear()
             base, base_loop = model.generate_ids(prompt.ids, method="baseline", **options)
-            done = []  # (run, its loop stats, token match with the baseline)
-            for run in runs:
-                if run.temperature != temperature or run.method == "baseline":
-                    continue
+            cold = base_loop.stats.prefill_s
+
+            def plain_again() -> tuple[LoopStats, tuple[int, int] | None]:
+                again, again_loop = model.generate_ids(prompt.ids, method="baseline", **options)
+                if not np.array_equal(again, base):  # same prompt, same seed: plain decoding must repeat itself
+                    log.warning("baseline on prompt %d did not repeat itself (t=%g)", seed, temperature)
+                return again_loop.stats, matched_prefix(again, base) if temperature == 0 else None
+
+            baselines = [(base_loop.stats, (len(base), len(base)) if temperature == 0 else None)]  # in run order
+            done = []  # (run, its loop stats, token match with the baseline, its reference)
+            pending = []  # method runs since the last baseline run
+            chosen = [r for r in runs if r.temperature == temperature and r.method != "baseline"]
+            for k, run in enumerate(chosen):
                 model.forget_history()  # cold start per run: no method profits from another's history
                 ids, loop = model.generate_ids(prompt.ids, method=run.method, tree=run.tree, backoff=run.backoff,
                                                **options)
                 match = matched_prefix(ids, base) if temperature == 0 else None
                 if match is not None and match[0] != match[1]:
                     log.warning("%s differs from baseline on prompt %d at token %d", run.name, seed, match[0])
-                done.append((run, loop.stats, match))
-            again, again_loop = model.generate_ids(prompt.ids, method="baseline", **options)
-            if not np.array_equal(again, base):  # same prompt, same seed: plain decoding must repeat itself
-                log.warning("baseline on prompt %d did not repeat itself (t=%g)", seed, temperature)
-            reference = Baseline.bracket(base_loop.stats, again_loop.stats)
-            plain = Run("baseline", False, temperature)  # both baseline runs count in its row (speedup 1.0)
-            done += [(plain, base_loop.stats, (len(base), len(base)) if temperature == 0 else None),
-                     (plain, again_loop.stats, matched_prefix(again, base) if temperature == 0 else None)]
-            for i, (run, stats, match) in enumerate(done):
-                # the baseline row counts the prompt's prefill once, with its first run
-                ref = dataclasses.replace(reference, prefill_s=0.0) if i == len(done) - 1 else reference
+                pending.append((run, loop.stats, match))
+                if k < len(chosen) - 1 and (baseline_every is None or len(pending) < baseline_every):
+                    continue
+                baselines.append(plain_again())
+                bracket = Baseline.over([baselines[-2][0], baselines[-1][0]], cold)
+                done += [(r, st, m, bracket) for r, st, m in pending]
+                pending = []
+            if not chosen:  # no method at this temperature: the baseline still runs twice
+                baselines.append(plain_again())
+            # every baseline run counts in its row (speedup 1.0), the prompt's prefill once, with the first
+            plain, overall = Run("baseline", False, temperature), Baseline.over([st for st, _ in baselines], cold)
+            done += [(plain, st, m, overall if i == 0 else dataclasses.replace(overall, prefill_s=0.0))
+                     for i, (st, m) in enumerate(baselines)]
+            for run, stats, match, ref in done:
                 for task in (prompt.task, "all"):
                     tallies.setdefault(run.name, {}).setdefault(task, Tally()).add(stats, ref, match)
     return tallies
@@ -231,6 +255,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-prompt-tokens", type=int, default=512)
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--draft-budget", type=int, default=8)
+    parser.add_argument("--baseline-every", type=int, help="plain decoding again after every N method runs")
     parser.add_argument("--methods", default="pld", help="comma-separated; baseline runs before them anyway")
     parser.add_argument("--modes", default="chain,tree")
     parser.add_argument("--temperatures", default="0", help="comma-separated, e.g. 0,1")
@@ -244,7 +269,7 @@ def main(argv: list[str] | None = None) -> int:
     runs = [Run(m, {"chain": False, "tree": True}[mode], float(t)) for t in args.temperatures.split(",")
             for m in args.methods.split(",") for mode in args.modes.split(",")]
     results = summarize(measure(model, prompts, runs, max_new_tokens=args.max_new_tokens,
-                                draft_budget=args.draft_budget))
+                                draft_budget=args.draft_budget, baseline_every=args.baseline_every))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"prompts": len(prompts), "max_new_tokens": args.max_new_tokens,
                                     "results": results}, indent=2) + "\n")

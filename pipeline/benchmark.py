@@ -11,9 +11,10 @@ the conversation so far in the model's chat template, with the model's own greed
 earlier turns (decoded text, fed back as the assistant's messages). A prompt longer than
 ``max_prompt_tokens`` keeps its last tokens (the question's end and the generation prompt).
 
-For every prompt, plain decoding of the same artifact runs first, each method right after it, and
-plain decoding once more at the end (pipeline.bench), greedy: speedups are over the mean of the two
-plain runs, and ``baseline_drift`` says how far the machine moved between them. Written:
+For every prompt, plain decoding of the same artifact runs first, the methods after it, and plain
+decoding once more after every ``baseline_every`` methods and at the end (pipeline.bench), greedy:
+a method's speedup is over the mean of the two plain runs that bracket it, and ``baseline_drift``
+says how far the machine moved between them. Written:
 
 - ``--metrics`` (JSON): per run overall decode tok/s, speedup, tokens/step, token match, the per-step
   time split (draft / verify / overhead); per task speedups; the roofline of plain decoding
@@ -168,7 +169,7 @@ def run(args: argparse.Namespace, params: dict[str, Any]) -> tuple[dict[str, Any
     runs += [Run(m, mode == "tree", 0.0, backoff=False) for m in unguarded for mode in params["modes"]]
     t0 = time.perf_counter()
     tallies = measure(model, prompts, runs, max_new_tokens=params["max_new_tokens"],
-                      draft_budget=params["draft_budget"])
+                      draft_budget=params["draft_budget"], baseline_every=params.get("baseline_every"))
     seconds = time.perf_counter() - t0
     bandwidth = read_bandwidth(threads)
     # this artifact's plain decoding is the benchmark's baseline runs; other variants run it once

@@ -71,6 +71,34 @@ def test_every_run_is_measured_against_two_baseline_runs_that_bracket_it(model, 
     assert base.prefill_s == pytest.approx(pld.prefill_s)  # the prompt's prefill counted once
 
 
+def test_baseline_every_brackets_each_run_with_the_nearest_baseline_runs(model, monkeypatch):
+    prompts = [Prompt("qa", model.encode(PROMPTS[0]))]
+    order, real = [], model.generate_ids
+
+    def spy(ids, **options):
+        ids_out, loop = real(ids, **options)
+        order.append(options["method"])
+        if options["method"] == "baseline":  # a machine that keeps slowing down: 1 s, 2 s, 3 s, 4 s
+            loop.stats.decode_s = float(order.count("baseline"))
+        return ids_out, loop
+
+    monkeypatch.setattr(model, "generate_ids", spy)
+    runs = [Run("pld", False, 0.0), Run("pld", True, 0.0), Run("suffix_decoding", False, 0.0)]
+    tallies = measure(model, prompts, runs, max_new_tokens=10, draft_budget=4, baseline_every=1)
+    assert order == ["baseline", "pld", "baseline", "pld", "baseline", "suffix_decoding", "baseline"]
+    pld, tree, suffix = (tallies[n]["all"] for n in ("pld/chain/t0", "pld/tree/t0", "suffix_decoding/chain/t0"))
+    assert (pld.base_seconds, tree.base_seconds, suffix.base_seconds) == pytest.approx((1.5, 2.5, 3.5))
+    assert pld.summary()["baseline_drift"] == pytest.approx(-0.5)  # 1 s -> 2 s
+    assert suffix.summary()["baseline_drift"] == pytest.approx(3 / 4 - 1)  # 3 s -> 4 s
+    base = tallies["baseline/chain/t0"]["all"].summary()
+    assert base["speedup"] == 1.0 and base["token_match"] == 1.0 and base["baseline_drift"] == pytest.approx(-0.5)
+    order.clear()
+    measure(model, prompts, runs, max_new_tokens=10, draft_budget=4, baseline_every=2)
+    assert order == ["baseline", "pld", "pld", "baseline", "suffix_decoding", "baseline"]
+    with pytest.raises(ValueError, match="baseline_every"):
+        measure(model, prompts, runs, max_new_tokens=10, baseline_every=0)
+
+
 def test_with_a_prefix_cache_methods_reuse_the_cold_baseline_prefill(tiny_artifact, monkeypatch):
     model = specrt.load(tiny_artifact[0], prefix_cache_mb=8)
     prompts = [Prompt("qa", model.encode(PROMPTS[0])), Prompt("qa", model.encode(PROMPTS[0]))]  # the same twice
