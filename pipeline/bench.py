@@ -82,7 +82,7 @@ class Baseline:
     def over(cls, runs: list[LoopStats], prefill_s: float) -> Baseline:
         """The runs in the order they ran (a bracket: the one before and the one after)."""
         speeds = [r.decode_tokens_per_s for r in runs]
-        drifts = [b / a - 1 if a else 0.0 for a, b in zip(speeds, speeds[1:])]
+        drifts = [b / a - 1 if a else 0.0 for a, b in zip(speeds[:-1], speeds[1:], strict=True)]
         return cls(runs[0].decode_tokens, sum(r.decode_s for r in runs) / len(runs), prefill_s,
                    max(drifts, key=abs, default=0.0))
 
@@ -101,7 +101,7 @@ class Tally:
     accepted: int = 0
     base_tokens: int = 0  # the baseline runs that bracket this run's, on the same prompts
     base_seconds: float = 0.0
-    drifts: list[float] = field(default_factory=list)  # per prompt: the baseline's change between the runs that bracket it
+    drifts: list[float] = field(default_factory=list)  # per prompt: the change between the bracketing baselines
     matched: int = 0  # greedy: tokens equal to the baseline's before the first divergence
     compared: int = 0
     prompt_tokens_per_s: list[float] = field(default_factory=list)  # decode tok/s per prompt
