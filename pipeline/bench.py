@@ -157,6 +157,16 @@ def matched_prefix(ids: np.ndarray, ref: np.ndarray) -> tuple[int, int]:
     return (int(diff[0]) if len(diff) else n), len(ref)
 
 
+def _plain_again(model: specrt.SpecModel, prompt: Prompt, base: np.ndarray,
+                 options: dict[str, Any]) -> tuple[LoopStats, tuple[int, int] | None]:
+    """Plain decoding of ``prompt`` once more: its loop stats, and its token match with the first
+    run ``base`` (greedy only)."""
+    again, loop = model.generate_ids(prompt.ids, method="baseline", **options)
+    if not np.array_equal(again, base):  # same prompt, same seed: plain decoding must repeat itself
+        log.warning("baseline on prompt %d did not repeat itself (t=%g)", options["seed"], options["temperature"])
+    return loop.stats, matched_prefix(again, base) if options["temperature"] == 0 else None
+
+
 def measure(
     model: specrt.SpecModel,
     prompts: list[Prompt],
@@ -183,13 +193,6 @@ def measure(
                 model.prefix_cache.clear()
             base, base_loop = model.generate_ids(prompt.ids, method="baseline", **options)
             cold = base_loop.stats.prefill_s
-
-            def plain_again() -> tuple[LoopStats, tuple[int, int] | None]:
-                again, again_loop = model.generate_ids(prompt.ids, method="baseline", **options)
-                if not np.array_equal(again, base):  # same prompt, same seed: plain decoding must repeat itself
-                    log.warning("baseline on prompt %d did not repeat itself (t=%g)", seed, temperature)
-                return again_loop.stats, matched_prefix(again, base) if temperature == 0 else None
-
             baselines = [(base_loop.stats, (len(base), len(base)) if temperature == 0 else None)]  # in run order
             done = []  # (run, its loop stats, token match with the baseline, its reference)
             pending = []  # method runs since the last baseline run
@@ -204,12 +207,12 @@ def measure(
                 pending.append((run, loop.stats, match))
                 if k < len(chosen) - 1 and (baseline_every is None or len(pending) < baseline_every):
                     continue
-                baselines.append(plain_again())
+                baselines.append(_plain_again(model, prompt, base, options))
                 bracket = Baseline.over([baselines[-2][0], baselines[-1][0]], cold)
                 done += [(r, st, m, bracket) for r, st, m in pending]
                 pending = []
             if not chosen:  # no method at this temperature: the baseline still runs twice
-                baselines.append(plain_again())
+                baselines.append(_plain_again(model, prompt, base, options))
             # every baseline run counts in its row (speedup 1.0), the prompt's prefill once, with the first
             plain, overall = Run("baseline", False, temperature), Baseline.over([st for st, _ in baselines], cold)
             done += [(plain, st, m, overall if i == 0 else dataclasses.replace(overall, prefill_s=0.0))
