@@ -31,6 +31,13 @@ def test_matches_a_stable_sort_of_the_whole_row(vocab, k):
     assert np.array_equal(top_k(rows, k), reference(rows, k))
 
 
+def test_nan_logits_sort_last():
+    logits = np.full((1, 3 * COLUMNS), np.nan, np.float32)
+    logits[0, [5, 2000]] = [1.0, 2.0]
+    top = top_k(logits, 4)
+    assert top.shape == (1, 4) and top[0, :2].tolist() == [2000, 5]
+
+
 def test_bad_k():
     with pytest.raises(ValueError, match="k must be in"):
         top_k(np.zeros((1, 4), np.float32), 5)

@@ -37,6 +37,8 @@ def top_k(logits: np.ndarray, k: int) -> np.ndarray:
     for r in range(rows):
         threshold = np.partition(maxima[r], kth)[kth]  # T
         ids = np.concatenate([(offsets + np.flatnonzero(maxima[r] >= threshold)).ravel(), leftover])
+        if len(ids) < k:  # NaN logits compare false: search the whole row (NaN sorts last)
+            ids = np.arange(vocab)
         order = np.lexsort((ids, -logits[r][ids]))[:k]  # by value descending, then id
         out[r] = ids[order]
     return out
