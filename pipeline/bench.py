@@ -13,8 +13,8 @@ summed seconds across prompts), and every run reports ``baseline_drift``, the la
 the baseline's speed between those two runs over the prompts: how far the machine moved while
 the methods ran. The machine's speed wanders over seconds, not only from run to run: 40 plain
 32-token runs in a row on one prompt (2-core AVX-512 EPYC, int4) had a lag-1 autocorrelation of
-0.42-0.60, and the mean of two baseline runs 31 runs apart missed the runs between them by 6.7-10.8%
-on average, two runs 2-4 apart by 2.8-4.5% (session 15, docs/benchmark.md). Prefill time is reported apart: the
+0.42-0.60, and the mean of two baseline runs with 31 runs between them missed those by 6.7-10.8%
+on average, of two with 1-3 between them by 2.8-4.5% (session 15, docs/benchmark.md). Prefill time is reported apart: the
 baseline's cold prefill of each prompt, for every run. The stages load the model with a prefix
 cache (``PREFIX_CACHE_MB``), so every method run reuses the baseline's prompt KV instead of
 running the same prefill passes again (bit for bit the same rows: specrt.prefix_cache). Greedy runs

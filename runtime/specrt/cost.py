@@ -42,9 +42,9 @@ class VerifyCostModel:
         return max(intercept + slope * s, floor)
 
     def _fit(self) -> tuple[float, float, float]:
-        """(intercept, slope, floor): the least-squares line through the running means by size
-        (through the one measured size with ``DEFAULT_SLOPE`` when there is one), never below the
-        cheapest measured pass."""
+        """(intercept, slope, floor): the least-squares line through the running means by size,
+        never below the cheapest measured pass; with one measured size, the line through it with
+        ``DEFAULT_SLOPE`` (relative to s = 1), floored at 0."""
         sizes = np.array(sorted(self._mean), np.float64)  # [m]
         times = np.array([self._mean[int(k)] for k in sizes])  # [m] seconds
         floor = float(times.min())
