@@ -14,8 +14,8 @@ the baseline's speed between those two runs over the prompts: how far the machin
 the methods ran. The machine's speed wanders over seconds, not only from run to run: 40 plain
 32-token runs in a row on one prompt (2-core AVX-512 EPYC, int4) had a lag-1 autocorrelation of
 0.42-0.60, and the mean of two baseline runs with 31 runs between them missed those by 6.7-10.8%
-on average, of two with 1-3 between them by 2.8-4.5% (session 15, docs/benchmark.md). Prefill time is reported apart: the
-baseline's cold prefill of each prompt, for every run. The stages load the model with a prefix
+on average, of two with 1-3 between them by 2.8-4.5% (session 15, docs/benchmark.md). Prefill
+time is reported apart: the baseline's cold prefill of each prompt, for every run. The stages load the model with a prefix
 cache (``PREFIX_CACHE_MB``), so every method run reuses the baseline's prompt KV instead of
 running the same prefill passes again (bit for bit the same rows: specrt.prefix_cache). Greedy runs
 are compared with the baseline token for token; sampled runs are lossless in distribution,
