@@ -5,21 +5,21 @@
         --methods pld,suffix_decoding --modes chain,tree --temperatures 0 --out bench.json
 
 The measuring core of the benchmark stages (``pipeline.pair_bench``) and a CLI for quick looks.
-The machines are shared and noisy, so for every prompt and temperature plain decoding
-(``baseline``) runs first, the methods after it, on the same prompt with the same seed, and the
-baseline once more after every ``baseline_every`` method runs and at the end: a method's speedup
-is its decode tokens/s over the mean of the two baseline runs that bracket it (summed tokens over
-summed seconds across prompts), and every run reports ``baseline_drift``, the largest change of
-the baseline's speed between those two runs over the prompts: how far the machine moved while
-the methods ran. The machine's speed wanders over seconds, not only from run to run: 40 plain
-32-token runs in a row on one prompt (2-core AVX-512 EPYC, int4) had a lag-1 autocorrelation of
-0.42-0.60, and the mean of two baseline runs with 31 runs between them missed those by 6.7-10.8%
-on average, of two with 1-3 between them by 2.8-4.5% (session 15, docs/benchmark.md). Prefill
-time is reported apart: the baseline's cold prefill of each prompt, for every run. The stages load the model with a prefix
-cache (``PREFIX_CACHE_MB``), so every method run reuses the baseline's prompt KV instead of
-running the same prefill passes again (bit for bit the same rows: specrt.prefix_cache). Greedy runs
-are compared with the baseline token for token; sampled runs are lossless in distribution,
-which the statistical tests check, not this benchmark.
+The machines are shared and noisy, so for every prompt and temperature plain decoding (``baseline``)
+runs first, the methods after it, on the same prompt with the same seed, and the baseline once more
+after every ``baseline_every`` method runs and at the end: a method's speedup is its decode tokens/s
+over the mean of the two baseline runs that bracket it (summed tokens over summed seconds across
+prompts), and every run reports ``baseline_drift``, the largest change of the baseline's speed
+between those two runs over the prompts: how far the machine moved while the methods ran. The
+machine's speed wanders over seconds, not only from run to run: 40 plain 32-token runs in a row on
+one prompt (2-core AVX-512 EPYC, int4) had a lag-1 autocorrelation of 0.42-0.60, and the mean of two
+baseline runs with 31 runs between them missed those by 6.7-10.8% on average, of two with 1-3
+between them by 2.8-4.5% (session 15, docs/benchmark.md). Prefill time is reported apart: the
+baseline's cold prefill of each prompt, for every run. The stages load the model with a prefix cache
+(``PREFIX_CACHE_MB``), so every method run reuses the baseline's prompt KV instead of running the
+same prefill passes again (bit for bit the same rows: specrt.prefix_cache). Greedy runs are compared
+with the baseline token for token; sampled runs are lossless in distribution, which the statistical
+tests check, not this benchmark.
 """
 
 from __future__ import annotations
