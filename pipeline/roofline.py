@@ -1,10 +1,11 @@
 """The memory roofline of plain decoding on this machine.
 
-Batch-1 decoding reads every weight once per token, so its speed is bounded by
-``bandwidth / bytes_per_token``. The bandwidth is measured the way decoding reads weights: an
-onnxruntime MatMul of one row by a 1 GiB float32 matrix (a matrix-vector product, MLAS), with the
-benchmark's thread count, best of ``repeats``. Bytes per token: the decoder's weights (its files)
-less the embedding tables that a Gather reads one row of, plus the KV cache read at the mean
+Batch-1 decoding reads every weight once per token, so its speed is bounded by ``bandwidth /
+bytes_per_token``. The bandwidth is measured the way decoding reads weights: an onnxruntime MatMul
+of one row by a 1 GiB float32 matrix (a matrix-vector product, MLAS), with the benchmark's thread
+count, best of ``repeats``; the benchmark stage probes before and after its timed runs and takes the
+best probe (the shared machine's read speed wanders). Bytes per token: the decoder's weights (its
+files) less the embedding tables that a Gather reads one row of, plus the KV cache read at the mean
 context length.
 """
 
@@ -33,7 +34,7 @@ class Roofline:
     fraction: float  # plain / ceiling
 
 
-def read_bandwidth(threads: int | None, size_bytes: int = GIB, repeats: int = 5) -> float:
+def read_bandwidth(threads: int | None, size_bytes: int = GIB, repeats: int = 10) -> float:
     """Bytes per second that onnxruntime reads when summing a ``size_bytes`` float32 tensor."""
     k = 4096
     n = size_bytes // 4 // k

@@ -69,7 +69,11 @@ def test_roofline_of_the_benchmarked_artifact_comes_from_its_baseline_runs():
     assert baseline_speed(plain, prompts) == (30.0, 20 + 16 / 2)
 
 
-def test_stage_writes_metrics_csv_table_and_plots(folder, tmp_path):
+def test_stage_writes_metrics_csv_table_and_plots(folder, tmp_path, monkeypatch):
+    import pipeline.benchmark as stage
+
+    probes = iter([2e10, 3e10])  # read bandwidth before and after the timed runs: the best is the ceiling
+    monkeypatch.setattr(stage, "read_bandwidth", lambda threads: next(probes))
     rows = [{"question_id": 1, "category": "writing", "turns": [PROMPTS[0], PROMPTS[1]]},
             {"question_id": 2, "category": "summarization", "turns": [PROMPTS[3]]}]
     questions = tmp_path / "q.jsonl"
@@ -90,6 +94,7 @@ def test_stage_writes_metrics_csv_table_and_plots(folder, tmp_path):
     assert set(report["runs"]) == runs and report["best"] in runs - {"baseline/chain/t0"}
     assert set(report["speedup_per_task"]["pld/tree/t0"]) == {"mt_bench", "summarization"}
     assert report["roofline"]["fp32"]["fraction"] > 0
+    assert report["roofline"]["fp32"]["bandwidth_gb_s"] == 30.0 and next(probes, None) is None  # probed twice
     table = list(csv.DictReader((out / "r.csv").open()))
     tasks = ("mt_bench", "summarization", "all")
     assert {(r["run"], r["task"]) for r in table} == {(n, t) for n in runs for t in tasks}
