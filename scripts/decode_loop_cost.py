@@ -92,13 +92,12 @@ def _specrt(folder: Path, prompt: np.ndarray, new: int, threads: int | None, rep
     from specrt.tree import causal_bias
 
     model = specrt.load(folder, threads=threads)
+    if loop:
+        runs = [model.generate_ids(prompt, method="baseline", max_new_tokens=new)[1] for _ in range(repeats)]
+        return [run.stats.decode_s / (run.stats.new_tokens - 1) for run in runs]
+    decoder = model.generate_ids(prompt, method="baseline", max_new_tokens=new)[1].decoder  # warmed up
     out = []
-    for _ in range(repeats):
-        ids, run = model.generate_ids(prompt, method="baseline", max_new_tokens=new)
-        if loop:
-            out.append(run.stats.decode_s / (run.stats.new_tokens - 1))
-            continue
-        decoder = run.decoder  # a raw decoder: prefill, then one forward + commit per token
+    for _ in range(repeats):  # a raw decoder: prefill, then one forward + commit per token
         decoder.reset(len(prompt) + new)
         *_, last = prefill(decoder, prompt, len(prompt), last_logits_only=True)
         token = int(last.logits[-1].argmax())
