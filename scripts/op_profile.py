@@ -1,0 +1,186 @@
+"""Where a plain decode step's time goes, per operator type: specrt's graph against
+onnxruntime-genai's graph of the same checkpoint and precision, both driven from Python.
+
+    python -m scripts.op_profile artifacts/M/int4 /tmp/peers/int4 --threads 2   # from the repo root
+
+Each graph runs in its own process with onnxruntime's profiler on (``enable_profiling``): a
+prompt of ``--prompt-tokens`` random ids, then ``--new`` single-token steps (specrt: forward +
+commit; genai: its model.onnx on K/V buffers bound once as past and present, as
+scripts/decode_loop_cost.py's genai_graph). From the profile's events of the decode steps only
+(the prompt's pass and the first ``--skip`` steps dropped):
+
+    run      ms per step of the whole ``model_run`` event
+    kernels  ms per step summed over the node events (``*_kernel_time``), i.e. inside the kernels
+    gaps     run - kernels: onnxruntime's own work between kernels (dispatch, allocation, the
+             executor's bookkeeping), the part a graph with more, smaller nodes pays per node
+    nodes    node events per step
+
+then the ``--top`` operator types by ms per step, both graphs side by side. The profiler itself
+adds a little per node; both graphs pay it, so read the differences, not the absolute figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+
+SUBJECTS = ("specrt", "genai")
+
+
+def _profiled_session(path: Path, threads: int | None, prefix: str):  # -> ort.InferenceSession
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    if threads is not None:
+        options.intra_op_num_threads = threads
+        options.inter_op_num_threads = 1
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    options.enable_profiling = True
+    options.profile_file_prefix = prefix
+    return ort.InferenceSession(str(path), sess_options=options, providers=["CPUExecutionProvider"])
+
+
+def _run_specrt(folder: Path, prompt: np.ndarray, new: int, threads: int | None, prefix: str) -> str:
+    import specrt
+    import specrt.backend
+    from specrt.engine import prefill
+    from specrt.tree import causal_bias
+
+    specrt.backend.make_session = lambda path, provider, t: _profiled_session(path, t, prefix)
+    model = specrt.load(folder, threads=threads)
+    decoder = model.generate_ids(prompt, method="baseline", max_new_tokens=1)[1].decoder
+    decoder.reset(len(prompt) + new + 1)
+    *_, last = prefill(decoder, prompt, len(prompt), last_logits_only=True)
+    token = int(last.logits[-1].argmax())
+    for _ in range(new):
+        past = decoder.past
+        step = decoder.forward(np.array([token]), np.array([past]), causal_bias(past, 1))
+        decoder.commit(np.array([0]))
+        token = int(step.logits[0].argmax())
+    return decoder_session(model).end_profiling()
+
+
+def decoder_session(model):  # -> ort.InferenceSession: the session the model's decoder runs on
+    for value in vars(model).values():
+        session = getattr(value, "session", None)
+        if session is not None and hasattr(session, "end_profiling"):
+            return session
+    raise RuntimeError("no onnxruntime session found on the loaded model")
+
+
+def _run_genai(folder: Path, prompt: np.ndarray, new: int, threads: int | None, prefix: str) -> str:
+    decoder = json.loads((folder / "genai_config.json").read_text())["model"]["decoder"]
+    session = _profiled_session(folder / decoder["filename"], threads, prefix)
+    layers, kv, d = decoder["num_hidden_layers"], decoder["num_key_value_heads"], decoder["head_size"]
+    capacity = len(prompt) + new + 1
+    buffers = [np.zeros((1, kv, capacity, d), np.float32) for _ in range(2 * layers)]
+    binding = session.io_binding()
+    for i, buf in enumerate(buffers):
+        layer, kind = divmod(i, 2)
+        name = ("key", "value")[kind]
+        binding.bind_input(f"past_key_values.{layer}.{name}", "cpu", 0, np.float32, list(buf.shape), buf.ctypes.data)
+        binding.bind_output(f"present.{layer}.{name}", "cpu", 0, np.float32, list(buf.shape), buf.ctypes.data)
+    vocab = session.get_outputs()[0].shape[-1]
+    logits = np.empty((1, len(prompt), vocab), np.float32)
+    binding.bind_output("logits", "cpu", 0, np.float32, [1, len(prompt), vocab], logits.ctypes.data)
+    binding.bind_cpu_input("input_ids", prompt[None].astype(np.int64))
+    binding.bind_cpu_input("attention_mask", np.ones((1, len(prompt)), np.int64))
+    session.run_with_iobinding(binding)  # the prompt
+    token = int(logits[0, -1].argmax())
+    binding.bind_output("logits", "cpu", 0, np.float32, [1, 1, vocab], logits.ctypes.data)
+    for i in range(new):
+        binding.bind_cpu_input("input_ids", np.array([[token]], np.int64))
+        binding.bind_cpu_input("attention_mask", np.ones((1, len(prompt) + i + 1), np.int64))
+        session.run_with_iobinding(binding)
+        token = int(logits[0, 0].argmax())
+    return session.end_profiling()
+
+
+def summarise(events: list[dict], skip: int) -> dict:
+    """Per decode step: whole-run and in-kernel ms, node count, ms per op type (runs after the
+    prompt's and ``skip`` more)."""
+    runs = sorted((e for e in events if e.get("cat") == "Session" and e.get("name") == "model_run"),
+                  key=lambda e: e["ts"])
+    kept = runs[1 + skip:]
+    if not kept:
+        raise ValueError(f"the profile holds {len(runs)} runs; nothing left after the prompt and {skip} skipped")
+    spans = [(r["ts"], r["ts"] + r["dur"]) for r in kept]
+    start = spans[0][0]
+    by_op: dict[str, float] = defaultdict(float)
+    kernels, nodes = 0.0, 0
+    for e in events:
+        if e.get("cat") != "Node" or not e.get("name", "").endswith("_kernel_time") or e["ts"] < start:
+            continue
+        if not any(a <= e["ts"] <= b for a, b in spans):
+            continue
+        by_op[e["args"]["op_name"]] += e["dur"]
+        kernels += e["dur"]
+        nodes += 1
+    n = len(kept)
+    run_us = sum(r["dur"] for r in kept)
+    return {
+        "steps": n,
+        "run_ms": run_us / n / 1000,
+        "kernels_ms": kernels / n / 1000,
+        "gaps_ms": (run_us - kernels) / n / 1000,
+        "nodes": nodes / n,
+        "by_op_ms": {op: us / n / 1000 for op, us in sorted(by_op.items(), key=lambda kv: -kv[1])},
+    }
+
+
+def _one(args: argparse.Namespace) -> None:
+    prompt = np.random.default_rng(1).integers(1000, 20000, args.prompt_tokens).astype(np.int64)
+    with tempfile.TemporaryDirectory() as tmp:
+        prefix = str(Path(tmp) / args.one)
+        run = _run_specrt if args.one == "specrt" else _run_genai
+        folder = args.artifact if args.one == "specrt" else args.genai
+        path = run(folder, prompt, args.new, args.threads, prefix)
+        events = json.loads(Path(path).read_text())
+    print(json.dumps(summarise(events, args.skip)))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("artifact", type=Path, help="specrt artifact folder")
+    parser.add_argument("genai", type=Path, help="onnxruntime-genai model folder of the same checkpoint and precision")
+    parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--prompt-tokens", type=int, default=64)
+    parser.add_argument("--new", type=int, default=96)
+    parser.add_argument("--skip", type=int, default=8, help="decode steps left out at the start (warm-up)")
+    parser.add_argument("--top", type=int, default=12)
+    parser.add_argument("--one", choices=SUBJECTS, help=argparse.SUPPRESS)  # a worker process
+    args = parser.parse_args()
+    if args.one:
+        _one(args)
+        return
+    forwarded = [str(args.artifact), str(args.genai), "--prompt-tokens", str(args.prompt_tokens),
+                 "--new", str(args.new), "--skip", str(args.skip)]
+    if args.threads is not None:
+        forwarded += ["--threads", str(args.threads)]
+    result = {}
+    for subject in SUBJECTS:
+        done = subprocess.run([sys.executable, "-m", "scripts.op_profile", *forwarded, "--one", subject],
+                              capture_output=True, text=True, check=True)
+        result[subject] = json.loads(done.stdout.strip().splitlines()[-1])
+    ours, theirs = result["specrt"], result["genai"]
+    print(f"{'':28s} {'specrt':>9s} {'genai':>9s}")
+    for key in ("run_ms", "kernels_ms", "gaps_ms", "nodes"):
+        print(f"{key:28s} {ours[key]:9.2f} {theirs[key]:9.2f}")
+    ops = sorted(set(ours["by_op_ms"]) | set(theirs["by_op_ms"]),
+                 key=lambda op: -max(ours["by_op_ms"].get(op, 0), theirs["by_op_ms"].get(op, 0)))
+    for op in ops[: args.top]:
+        print(f"{op:28s} {ours['by_op_ms'].get(op, 0):9.3f} {theirs['by_op_ms'].get(op, 0):9.3f}")
+    rest = ops[args.top:]
+    print(f"{'(other ops)':28s} {sum(ours['by_op_ms'].get(o, 0) for o in rest):9.3f} "
+          f"{sum(theirs['by_op_ms'].get(o, 0) for o in rest):9.3f}")
+
+
+if __name__ == "__main__":
+    main()
