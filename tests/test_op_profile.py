@@ -1,0 +1,38 @@
+"""scripts/op_profile.py's reading of an onnxruntime profile: per decode step, the prompt's pass and
+the warm-up steps left out, node events outside the kept runs ignored."""
+
+import pytest
+
+from scripts.op_profile import summarise
+
+
+def _run(ts: int, dur: int) -> dict:
+    return {"cat": "Session", "name": "model_run", "ts": ts, "dur": dur}
+
+
+def _node(ts: int, dur: int, op: str) -> dict:
+    return {"cat": "Node", "name": f"n_{op}_kernel_time", "ts": ts, "dur": dur, "args": {"op_name": op}}
+
+
+def test_per_step_figures_leave_out_the_prompt_and_warm_up():
+    events = [
+        _run(0, 1000), _node(10, 900, "MatMulNBits"),  # the prompt's pass
+        _run(2000, 500), _node(2010, 400, "MatMulNBits"),  # warm-up step, skipped
+        _run(3000, 100), _node(3010, 60, "MatMulNBits"), _node(3080, 10, "Reshape"),
+        {"cat": "Node", "name": "n_Reshape_fence_before", "ts": 3070, "dur": 0, "args": {"op_name": "Reshape"}},
+        _run(4000, 140), _node(4010, 80, "MatMulNBits"), _node(4100, 20, "Reshape"),
+        _node(5000, 999, "Add"),  # between runs (e.g. a session-level event): not a decode step's
+    ]
+    got = summarise(events, skip=1)
+    assert got["steps"] == 2
+    assert got["run_ms"] == pytest.approx(0.120)  # (100 + 140) / 2 us
+    assert got["kernels_ms"] == pytest.approx(0.085)  # (60 + 10 + 80 + 20) / 2
+    assert got["gaps_ms"] == pytest.approx(0.035)
+    assert got["nodes"] == 2.0
+    assert got["by_op_ms"] == pytest.approx({"MatMulNBits": 0.070, "Reshape": 0.015})
+    assert list(got["by_op_ms"]) == ["MatMulNBits", "Reshape"]  # largest first
+
+
+def test_nothing_left_after_skipping_is_an_error_naming_the_counts():
+    with pytest.raises(ValueError, match="holds 2 runs; nothing left after the prompt and 1 skipped"):
+        summarise([_run(0, 10), _run(20, 10)], skip=1)
