@@ -15,7 +15,10 @@ interpolated linearly (``specrt.cost.VerifyCostModel``). A method's projection p
 tokens over the summed cost of its windows in single steps; it leaves out drafting and
 bookkeeping time, which the benchmark stage's measured speedups include. Methods replay in the
 order of the records with one env each (global histories carry over, as in a served model), and
-the back-off's estimate carries from one record to the next, as in ``SpecModel``.
+the back-off's estimate carries from one record to the next, as in ``SpecModel``. The last rows are
+ceilings of drafters that copy from the request's own text (scripts/copy_ceiling.py): an oracle
+that knows how far the answer can be copied at each position (from anywhere, or from after an
+earlier occurrence of the last m tokens, ``--anchors``) and picks the cheapest windows.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ import numpy as np
 import specrt
 from pipeline.benchmark import chat_renderer
 from pipeline.specbench import TASKS, read_questions
+from scripts.copy_ceiling import copy_ceiling
 from specrt.backoff import Backoff
 from specrt.cost import VerifyCostModel
 from specrt.datastore import STATE_KEY as DATASTORE_STATE_KEY
@@ -92,6 +96,9 @@ def main() -> None:
     parser.add_argument("--cost", nargs="+", required=True, help="window cost curve, SIZE:MS pairs")
     parser.add_argument("--methods", nargs="+", default=["pld", "suffix_decoding"])
     parser.add_argument("--budget", type=int, default=8, help="draft nodes per step (params: draft_budget)")
+    parser.add_argument("--anchors", type=int, nargs="*", default=[0, 1, 2, 3],
+                        help="copy-oracle ceilings to print: 0 copies from anywhere in the context, m from "
+                             "right after an earlier occurrence of its last m tokens (scripts/copy_ceiling.py)")
     args = parser.parse_args()
     replayable = sorted(set(METHODS) - NEEDS_TARGET_OUTPUTS - NEEDS_DRAFT - {"baseline"})
     for method in args.methods:
@@ -136,6 +143,16 @@ def main() -> None:
                 name = f"{method}/{'tree' if tree else 'chain'}{'' if with_backoff else '/no-backoff'}"
                 print(f"| {name} | {' | '.join(cells)} | {sum(tokens.values()) / sum(spent.values()):.2f}x | "
                       f"{sum(tokens.values()) / steps:.2f} | {held} |", flush=True)
+    # the ceilings of drafting by copying from the request's own text (scripts/copy_ceiling.py)
+    for anchor in args.anchors:
+        tokens, spent = defaultdict(float), defaultdict(float)
+        for task, rec in records:
+            n, c = copy_ceiling(rec.prompt_ids, rec.output_ids, ratio, args.budget, anchor)
+            tokens[task] += n
+            spent[task] += c
+        cells = [f"{tokens[t] / spent[t]:.2f}x" if spent[t] else "-" for t in tasks]
+        name = "copy oracle, anywhere" if anchor == 0 else f"copy oracle, after the last {anchor}"
+        print(f"| {name} (ceiling) | {' | '.join(cells)} | {sum(tokens.values()) / sum(spent.values()):.2f}x | - | - |")
 
 
 if __name__ == "__main__":
