@@ -3,7 +3,7 @@ once, replay them through each method (specrt.simulate) with and without the bac
 every verify window with a measured cost curve.
 
     python scripts/window_cost.py artifacts/M/int8 --past 300 --sizes 1 2 4 8 16 --threads 2
-    python scripts/project_speedup.py artifacts/M/int8 --hf artifacts/M/hf \\
+    python -m scripts.project_speedup artifacts/M/int8 --hf artifacts/M/hf \\
         --prompts ../shared/data/specbench/question.jsonl --per-task 6 --max-new-tokens 128 --threads 2 \\
         --records /tmp/records.json --cost 1:38.5 2:45.6 4:52.5 8:71.1 16:106.4 --methods pld suffix_decoding
 
