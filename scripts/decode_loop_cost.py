@@ -23,12 +23,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
+
+from scripts.graph_pair import bind_genai_kv, genai_decoder_file, pair_parser, random_prompt, run_worker
 
 SUBJECTS = ("genai", "genai_graph", "specrt_forward", "specrt_loop")
 
@@ -57,18 +57,9 @@ def _genai(folder: Path, prompt: np.ndarray, new: int, threads: int | None, repe
 def _genai_graph(folder: Path, prompt: np.ndarray, new: int, threads: int | None, repeats: int) -> list[float]:
     from specrt.backend import make_session
 
-    decoder = json.loads((folder / "genai_config.json").read_text())["model"]["decoder"]
-    session = make_session(folder / decoder["filename"], "cpu", threads)
-    layers, kv, d = decoder["num_hidden_layers"], decoder["num_key_value_heads"], decoder["head_size"]
+    session = make_session(genai_decoder_file(folder), "cpu", threads)
     capacity = len(prompt) + new
-    rng = np.random.default_rng(0)
-    buffers = [rng.random((1, kv, capacity, d), dtype=np.float32) for _ in range(2 * layers)]  # a prefilled past
-    binding = session.io_binding()
-    for i, buf in enumerate(buffers):
-        layer, kind = divmod(i, 2)
-        name = ("key", "value")[kind]
-        binding.bind_input(f"past_key_values.{layer}.{name}", "cpu", 0, np.float32, list(buf.shape), buf.ctypes.data)
-        binding.bind_output(f"present.{layer}.{name}", "cpu", 0, np.float32, list(buf.shape), buf.ctypes.data)
+    binding, _buffers = bind_genai_kv(session, folder, capacity, np.random.default_rng(0))  # a prefilled past
     vocab = session.get_outputs()[0].shape[-1]
     logits = np.empty((1, 1, vocab), np.float32)
     binding.bind_output("logits", "cpu", 0, np.float32, list(logits.shape), logits.ctypes.data)
@@ -112,7 +103,7 @@ def _specrt(folder: Path, prompt: np.ndarray, new: int, threads: int | None, rep
 
 
 def _one(args: argparse.Namespace) -> None:
-    prompt = np.random.default_rng(1).integers(1000, 20000, args.prompt_tokens).astype(np.int64)
+    prompt = random_prompt(args.prompt_tokens)
     if args.one.startswith("genai"):
         run = _genai if args.one == "genai" else _genai_graph
         seconds = run(args.genai, prompt, args.new, args.threads, args.repeats)
@@ -122,32 +113,19 @@ def _one(args: argparse.Namespace) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("artifact", type=Path, help="specrt artifact folder")
-    parser.add_argument("genai", type=Path, help="onnxruntime-genai model folder of the same checkpoint and precision")
-    parser.add_argument("--threads", type=int, default=None)
-    parser.add_argument("--prompt-tokens", type=int, default=64)
-    parser.add_argument("--new", type=int, default=96)
+    parser = pair_parser(__doc__.split("\n")[0], SUBJECTS)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--one", choices=SUBJECTS, help=argparse.SUPPRESS)  # a worker process
     args = parser.parse_args()
     if args.one:
         _one(args)
         return
-    forwarded = [str(args.artifact), str(args.genai), "--prompt-tokens", str(args.prompt_tokens),
-                 "--new", str(args.new), "--repeats", str(args.repeats)]
-    if args.threads is not None:
-        forwarded += ["--threads", str(args.threads)]
     for r in range(args.rounds):
         cells = []
         for subject in SUBJECTS:
-            done = subprocess.run([sys.executable, "-m", "scripts.decode_loop_cost", *forwarded, "--one", subject],
-                                  capture_output=True, text=True, check=True)
-            ms = 1000 * float(np.median(json.loads(done.stdout.strip().splitlines()[-1])))
-            cells.append(f"{subject} {ms:.2f}")
+            seconds = run_worker("scripts.decode_loop_cost", args, subject, ["--repeats", str(args.repeats)])
+            cells.append(f"{subject} {1000 * float(np.median(seconds)):.2f}")
         print(f"round {r + 1}: " + ", ".join(cells) + " ms/token", flush=True)
-
 
 if __name__ == "__main__":
     main()

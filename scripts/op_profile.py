@@ -23,13 +23,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
-import sys
 import tempfile
 from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
+
+from scripts.graph_pair import bind_genai_kv, genai_decoder_file, pair_parser, random_prompt, run_worker
 
 SUBJECTS = ("specrt", "genai")
 
@@ -76,17 +76,8 @@ def decoder_session(model):  # -> ort.InferenceSession: the session the model's 
 
 
 def _run_genai(folder: Path, prompt: np.ndarray, new: int, threads: int | None, prefix: str) -> str:
-    decoder = json.loads((folder / "genai_config.json").read_text())["model"]["decoder"]
-    session = _profiled_session(folder / decoder["filename"], threads, prefix)
-    layers, kv, d = decoder["num_hidden_layers"], decoder["num_key_value_heads"], decoder["head_size"]
-    capacity = len(prompt) + new + 1
-    buffers = [np.zeros((1, kv, capacity, d), np.float32) for _ in range(2 * layers)]
-    binding = session.io_binding()
-    for i, buf in enumerate(buffers):
-        layer, kind = divmod(i, 2)
-        name = ("key", "value")[kind]
-        binding.bind_input(f"past_key_values.{layer}.{name}", "cpu", 0, np.float32, list(buf.shape), buf.ctypes.data)
-        binding.bind_output(f"present.{layer}.{name}", "cpu", 0, np.float32, list(buf.shape), buf.ctypes.data)
+    session = _profiled_session(genai_decoder_file(folder), threads, prefix)
+    binding, _buffers = bind_genai_kv(session, folder, len(prompt) + new + 1)
     vocab = session.get_outputs()[0].shape[-1]
     logits = np.empty((1, len(prompt), vocab), np.float32)
     binding.bind_output("logits", "cpu", 0, np.float32, [1, len(prompt), vocab], logits.ctypes.data)
@@ -136,7 +127,7 @@ def summarise(events: list[dict], skip: int) -> dict:
 
 
 def _one(args: argparse.Namespace) -> None:
-    prompt = np.random.default_rng(1).integers(1000, 20000, args.prompt_tokens).astype(np.int64)
+    prompt = random_prompt(args.prompt_tokens)
     with tempfile.TemporaryDirectory() as tmp:
         prefix = str(Path(tmp) / args.one)
         run = _run_specrt if args.one == "specrt" else _run_genai
@@ -147,28 +138,15 @@ def _one(args: argparse.Namespace) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("artifact", type=Path, help="specrt artifact folder")
-    parser.add_argument("genai", type=Path, help="onnxruntime-genai model folder of the same checkpoint and precision")
-    parser.add_argument("--threads", type=int, default=None)
-    parser.add_argument("--prompt-tokens", type=int, default=64)
-    parser.add_argument("--new", type=int, default=96)
+    parser = pair_parser(__doc__.split("\n")[0], SUBJECTS)
     parser.add_argument("--skip", type=int, default=8, help="decode steps left out at the start (warm-up)")
     parser.add_argument("--top", type=int, default=12)
-    parser.add_argument("--one", choices=SUBJECTS, help=argparse.SUPPRESS)  # a worker process
     args = parser.parse_args()
     if args.one:
         _one(args)
         return
-    forwarded = [str(args.artifact), str(args.genai), "--prompt-tokens", str(args.prompt_tokens),
-                 "--new", str(args.new), "--skip", str(args.skip)]
-    if args.threads is not None:
-        forwarded += ["--threads", str(args.threads)]
-    result = {}
-    for subject in SUBJECTS:
-        done = subprocess.run([sys.executable, "-m", "scripts.op_profile", *forwarded, "--one", subject],
-                              capture_output=True, text=True, check=True)
-        result[subject] = json.loads(done.stdout.strip().splitlines()[-1])
+    result = {subject: run_worker("scripts.op_profile", args, subject, ["--skip", str(args.skip)])
+              for subject in SUBJECTS}
     ours, theirs = result["specrt"], result["genai"]
     print(f"{'':28s} {'specrt':>9s} {'genai':>9s}")
     for key in ("run_ms", "kernels_ms", "gaps_ms", "nodes"):
