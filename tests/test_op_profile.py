@@ -33,6 +33,12 @@ def test_per_step_figures_leave_out_the_prompt_and_warm_up():
     assert list(got["by_op_ms"]) == ["MatMulNBits", "Reshape"]  # largest first
 
 
+def test_more_than_one_prompt_pass_is_left_out_when_asked():
+    events = [_run(0, 1000), _run(2000, 900), _run(3000, 100), _node(3010, 60, "MatMulNBits")]
+    got = summarise(events, skip=0, lead=2)
+    assert (got["steps"], got["run_ms"], got["kernels_ms"]) == (1, pytest.approx(0.1), pytest.approx(0.06))
+
+
 def test_nothing_left_after_skipping_is_an_error_naming_the_counts():
-    with pytest.raises(ValueError, match="holds 2 runs; nothing left after the prompt and 1 skipped"):
+    with pytest.raises(ValueError, match=r"holds 2 runs; nothing left after 1 prompt pass\(es\) and 1 skipped"):
         summarise([_run(0, 10), _run(20, 10)], skip=1)
