@@ -28,7 +28,15 @@ from pathlib import Path
 
 import numpy as np
 
-from scripts.graph_pair import bind_genai_kv, genai_decoder_file, pair_parser, random_prompt, run_worker
+from scripts.graph_pair import (
+    bind_genai_kv,
+    genai_decoder_file,
+    pair_parser,
+    random_prompt,
+    raw_prefill,
+    raw_step,
+    run_worker,
+)
 
 SUBJECTS = ("genai", "genai_graph", "specrt_forward", "specrt_loop")
 
@@ -79,8 +87,6 @@ def _genai_graph(folder: Path, prompt: np.ndarray, new: int, threads: int | None
 
 def _specrt(folder: Path, prompt: np.ndarray, new: int, threads: int | None, repeats: int, loop: bool) -> list[float]:
     import specrt
-    from specrt.engine import prefill
-    from specrt.tree import causal_bias
 
     model = specrt.load(folder, threads=threads)
     if loop:
@@ -89,15 +95,10 @@ def _specrt(folder: Path, prompt: np.ndarray, new: int, threads: int | None, rep
     decoder = model.generate_ids(prompt, method="baseline", max_new_tokens=new)[1].decoder  # warmed up
     out = []
     for _ in range(repeats):  # a raw decoder: prefill, then one forward + commit per token
-        decoder.reset(len(prompt) + new)
-        *_, last = prefill(decoder, prompt, len(prompt), last_logits_only=True)
-        token = int(last.logits[-1].argmax())
+        token = raw_prefill(decoder, prompt, len(prompt) + new)
         t0 = time.perf_counter()
         for _ in range(1, new):
-            past = decoder.past
-            step = decoder.forward(np.array([token]), np.array([past]), causal_bias(past, 1))
-            decoder.commit(np.array([0]))
-            token = int(step.logits[0].argmax())
+            token = raw_step(decoder, token)
         out.append((time.perf_counter() - t0) / (new - 1))
     return out
 
@@ -126,6 +127,7 @@ def main() -> None:
             seconds = run_worker("scripts.decode_loop_cost", args, subject, ["--repeats", str(args.repeats)])
             cells.append(f"{subject} {1000 * float(np.median(seconds)):.2f}")
         print(f"round {r + 1}: " + ", ".join(cells) + " ms/token", flush=True)
+
 
 if __name__ == "__main__":
     main()

@@ -63,6 +63,27 @@ def bind_genai_kv(
     return binding, buffers
 
 
+def raw_prefill(decoder: Any, prompt: np.ndarray, capacity: int) -> int:
+    """Reset specrt's ``decoder`` (an OrtDecoder) to ``capacity`` positions and run ``prompt``
+    through it; returns the greedy first token."""
+    from specrt.engine import prefill
+
+    decoder.reset(capacity)
+    *_, last = prefill(decoder, prompt, len(prompt), last_logits_only=True)
+    return int(last.logits[-1].argmax())
+
+
+def raw_step(decoder: Any, token: int) -> int:
+    """One plain greedy step on specrt's ``decoder`` with no loop around it: forward ``token``,
+    commit it, return the next token."""
+    from specrt.tree import causal_bias
+
+    past = decoder.past
+    step = decoder.forward(np.array([token]), np.array([past]), causal_bias(past, 1))
+    decoder.commit(np.array([0]))
+    return int(step.logits[0].argmax())
+
+
 def genai_decoder_file(folder: Path) -> Path:
     """The ONNX file of an onnxruntime-genai model folder."""
     return folder / json.loads((folder / "genai_config.json").read_text())["model"]["decoder"]["filename"]

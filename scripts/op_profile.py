@@ -31,7 +31,15 @@ from pathlib import Path
 
 import numpy as np
 
-from scripts.graph_pair import bind_genai_kv, genai_decoder_file, pair_parser, random_prompt, run_worker
+from scripts.graph_pair import (
+    bind_genai_kv,
+    genai_decoder_file,
+    pair_parser,
+    random_prompt,
+    raw_prefill,
+    raw_step,
+    run_worker,
+)
 
 SUBJECTS = ("specrt", "genai")
 
@@ -52,29 +60,14 @@ def _profiled_session(path: Path, threads: int | None, prefix: str):  # -> ort.I
 def _run_specrt(folder: Path, prompt: np.ndarray, new: int, threads: int | None, prefix: str) -> str:
     import specrt
     import specrt.backend
-    from specrt.engine import prefill
-    from specrt.tree import causal_bias
 
     specrt.backend.make_session = lambda path, provider, t: _profiled_session(path, t, prefix)
     model = specrt.load(folder, threads=threads)
     decoder = model.generate_ids(prompt, method="baseline", max_new_tokens=1)[1].decoder
-    decoder.reset(len(prompt) + new + 1)
-    *_, last = prefill(decoder, prompt, len(prompt), last_logits_only=True)
-    token = int(last.logits[-1].argmax())
+    token = raw_prefill(decoder, prompt, len(prompt) + new + 1)
     for _ in range(new):
-        past = decoder.past
-        step = decoder.forward(np.array([token]), np.array([past]), causal_bias(past, 1))
-        decoder.commit(np.array([0]))
-        token = int(step.logits[0].argmax())
-    return decoder_session(model).end_profiling()
-
-
-def decoder_session(model):  # -> ort.InferenceSession: the session the model's decoder runs on
-    for value in vars(model).values():
-        session = getattr(value, "session", None)
-        if session is not None and hasattr(session, "end_profiling"):
-            return session
-    raise RuntimeError("no onnxruntime session found on the loaded model")
+        token = raw_step(decoder, token)
+    return model.graph.session.end_profiling()
 
 
 def _run_genai(folder: Path, prompt: np.ndarray, new: int, threads: int | None, prefix: str) -> str:
