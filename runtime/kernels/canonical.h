@@ -1,0 +1,185 @@
+// The canonical float arithmetic of specrt's kernels: every result is defined as one sequence of
+// IEEE operations, and each instruction set below performs exactly that sequence, so the scalar,
+// AVX2 and AVX-512 builds give the same bits for the same input.
+//
+//   V16        16 float lanes; AVX-512: one zmm, AVX2: two ymm (lanes 0-7, 8-15), scalar: an array
+//   fma        a * b + c with one rounding (std::fma / vfmadd)
+//   reduce     lanes summed as a fixed tree: l + (l + 8), then + 4, + 2, + 1
+//   exp        Cephes' single-precision polynomial on fma, flushed to 0 below -87.33654
+//
+// This header is included once per instruction set, by a translation unit compiled for it, inside
+// that unit's own namespace (kernel_scalar.cc, kernel_avx2.cc, kernel_avx512.cc), after <cmath>,
+// <cstdint>, <cstring> and, for the vector units, <immintrin.h>: no inline function is shared
+// between units, so the linker can never hand the scalar path an AVX instruction.
+#pragma once
+
+namespace canonical {
+
+constexpr float kExpLow = -87.33654f;  // below: exp flushes to 0 (2^-126 is the least normal)
+constexpr float kLog2e = 1.44269504088896341f;
+constexpr float kLn2Hi = 0.693359375f;
+constexpr float kLn2Lo = -2.12194440e-4f;
+constexpr float kExpC5 = 1.9875691500e-4f;
+constexpr float kExpC4 = 1.3981999507e-3f;
+constexpr float kExpC3 = 8.3334519073e-3f;
+constexpr float kExpC2 = 4.1665795894e-2f;
+constexpr float kExpC1 = 1.6666665459e-1f;
+constexpr float kExpC0 = 5.0000001201e-1f;
+
+#if defined(SPECRT_ISA_AVX512)
+
+struct V16 {
+  __m512 v;
+};
+inline V16 zero() { return {_mm512_setzero_ps()}; }
+inline V16 load(const float* p) { return {_mm512_loadu_ps(p)}; }
+inline void store(float* p, V16 a) { _mm512_storeu_ps(p, a.v); }
+inline V16 splat(float x) { return {_mm512_set1_ps(x)}; }
+inline V16 fma(V16 a, V16 b, V16 c) { return {_mm512_fmadd_ps(a.v, b.v, c.v)}; }
+inline V16 add(V16 a, V16 b) { return {_mm512_add_ps(a.v, b.v)}; }
+inline V16 mul(V16 a, V16 b) { return {_mm512_mul_ps(a.v, b.v)}; }
+inline V16 sub(V16 a, V16 b) { return {_mm512_sub_ps(a.v, b.v)}; }
+inline V16 div(V16 a, V16 b) { return {_mm512_div_ps(a.v, b.v)}; }
+inline float reduce(V16 a) {
+  __m256 s8 = _mm256_add_ps(_mm512_castps512_ps256(a.v),
+                            _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a.v), 1)));
+  __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
+  __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+  __m128 s1 = _mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1));
+  return _mm_cvtss_f32(s1);
+}
+inline V16 exp_nonpositive(V16 x) {
+  const __m512 t = _mm512_mul_ps(x.v, _mm512_set1_ps(kLog2e));
+  const __m512 n = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fmadd_ps(n, _mm512_set1_ps(-kLn2Hi), x.v);
+  r = _mm512_fmadd_ps(n, _mm512_set1_ps(-kLn2Lo), r);
+  __m512 p = _mm512_set1_ps(kExpC5);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(kExpC4));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(kExpC3));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(kExpC2));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(kExpC1));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(kExpC0));
+  const __m512 z = _mm512_mul_ps(r, r);
+  __m512 y = _mm512_fmadd_ps(p, z, r);
+  y = _mm512_add_ps(y, _mm512_set1_ps(1.0f));
+  const __m512i bits = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
+  y = _mm512_mul_ps(y, _mm512_castsi512_ps(bits));
+  const __mmask16 low = _mm512_cmp_ps_mask(x.v, _mm512_set1_ps(kExpLow), _CMP_LT_OQ);
+  return {_mm512_mask_blend_ps(low, y, _mm512_setzero_ps())};
+}
+
+#elif defined(SPECRT_ISA_AVX2)
+
+struct V16 {
+  __m256 lo, hi;
+};
+inline V16 zero() { return {_mm256_setzero_ps(), _mm256_setzero_ps()}; }
+inline V16 load(const float* p) { return {_mm256_loadu_ps(p), _mm256_loadu_ps(p + 8)}; }
+inline void store(float* p, V16 a) {
+  _mm256_storeu_ps(p, a.lo);
+  _mm256_storeu_ps(p + 8, a.hi);
+}
+inline V16 splat(float x) { return {_mm256_set1_ps(x), _mm256_set1_ps(x)}; }
+inline V16 fma(V16 a, V16 b, V16 c) { return {_mm256_fmadd_ps(a.lo, b.lo, c.lo), _mm256_fmadd_ps(a.hi, b.hi, c.hi)}; }
+inline V16 add(V16 a, V16 b) { return {_mm256_add_ps(a.lo, b.lo), _mm256_add_ps(a.hi, b.hi)}; }
+inline V16 mul(V16 a, V16 b) { return {_mm256_mul_ps(a.lo, b.lo), _mm256_mul_ps(a.hi, b.hi)}; }
+inline V16 sub(V16 a, V16 b) { return {_mm256_sub_ps(a.lo, b.lo), _mm256_sub_ps(a.hi, b.hi)}; }
+inline V16 div(V16 a, V16 b) { return {_mm256_div_ps(a.lo, b.lo), _mm256_div_ps(a.hi, b.hi)}; }
+inline float reduce(V16 a) {
+  __m256 s8 = _mm256_add_ps(a.lo, a.hi);
+  __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
+  __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+  __m128 s1 = _mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1));
+  return _mm_cvtss_f32(s1);
+}
+inline __m256 exp8(__m256 x) {
+  const __m256 t = _mm256_mul_ps(x, _mm256_set1_ps(kLog2e));
+  const __m256 n = _mm256_round_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fmadd_ps(n, _mm256_set1_ps(-kLn2Hi), x);
+  r = _mm256_fmadd_ps(n, _mm256_set1_ps(-kLn2Lo), r);
+  __m256 p = _mm256_set1_ps(kExpC5);
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(kExpC4));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(kExpC3));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(kExpC2));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(kExpC1));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(kExpC0));
+  const __m256 z = _mm256_mul_ps(r, r);
+  __m256 y = _mm256_fmadd_ps(p, z, r);
+  y = _mm256_add_ps(y, _mm256_set1_ps(1.0f));
+  const __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  y = _mm256_mul_ps(y, _mm256_castsi256_ps(bits));
+  const __m256 low = _mm256_cmp_ps(x, _mm256_set1_ps(kExpLow), _CMP_LT_OQ);
+  return _mm256_blendv_ps(y, _mm256_setzero_ps(), low);
+}
+inline V16 exp_nonpositive(V16 x) { return {exp8(x.lo), exp8(x.hi)}; }
+
+#else  // scalar: the definition the vector units reproduce
+
+struct V16 {
+  float v[16];
+};
+inline V16 zero() { return V16{}; }
+inline V16 load(const float* p) {
+  V16 a;
+  std::memcpy(a.v, p, sizeof a.v);
+  return a;
+}
+inline void store(float* p, V16 a) { std::memcpy(p, a.v, sizeof a.v); }
+inline V16 splat(float x) {
+  V16 a;
+  for (float& lane : a.v) lane = x;
+  return a;
+}
+inline V16 fma(V16 a, V16 b, V16 c) {
+  for (int l = 0; l < 16; ++l) c.v[l] = std::fma(a.v[l], b.v[l], c.v[l]);
+  return c;
+}
+inline V16 add(V16 a, V16 b) {
+  for (int l = 0; l < 16; ++l) a.v[l] = a.v[l] + b.v[l];
+  return a;
+}
+inline V16 mul(V16 a, V16 b) {
+  for (int l = 0; l < 16; ++l) a.v[l] = a.v[l] * b.v[l];
+  return a;
+}
+inline V16 sub(V16 a, V16 b) {
+  for (int l = 0; l < 16; ++l) a.v[l] = a.v[l] - b.v[l];
+  return a;
+}
+inline V16 div(V16 a, V16 b) {
+  for (int l = 0; l < 16; ++l) a.v[l] = a.v[l] / b.v[l];
+  return a;
+}
+inline float reduce(V16 a) {
+  float s8[8], s4[4];
+  for (int l = 0; l < 8; ++l) s8[l] = a.v[l] + a.v[l + 8];
+  for (int l = 0; l < 4; ++l) s4[l] = s8[l] + s8[l + 4];
+  const float s2a = s4[0] + s4[2], s2b = s4[1] + s4[3];
+  return s2a + s2b;
+}
+inline float exp1(float x) {
+  if (x < kExpLow) return 0.0f;
+  if (x != x) return x;  // NaN stays NaN, as in the vector units
+  const float n = std::nearbyint(x * kLog2e);
+  float r = std::fma(n, -kLn2Hi, x);
+  r = std::fma(n, -kLn2Lo, r);
+  float p = kExpC5;
+  p = std::fma(p, r, kExpC4);
+  p = std::fma(p, r, kExpC3);
+  p = std::fma(p, r, kExpC2);
+  p = std::fma(p, r, kExpC1);
+  p = std::fma(p, r, kExpC0);
+  float y = std::fma(p, r * r, r) + 1.0f;
+  const int32_t bits = (static_cast<int32_t>(n) + 127) * (1 << 23);
+  float scale;
+  std::memcpy(&scale, &bits, sizeof scale);
+  return y * scale;
+}
+inline V16 exp_nonpositive(V16 x) {
+  for (float& lane : x.v) lane = exp1(lane);
+  return x;
+}
+
+#endif
+
+}  // namespace canonical

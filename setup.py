@@ -1,0 +1,79 @@
+"""Builds specrt's kernel library (runtime/kernels: onnxruntime custom operators) with the package.
+
+The library is a plain shared object that onnxruntime loads with ``register_custom_ops_library``;
+it is built as ``specrt/_kernels*.so`` by ``pip install .`` and ``pip install -e .``. It needs a C++17
+compiler and onnxruntime's C API headers, looked for in this order: ``$ORT_INCLUDE_DIR``,
+``pkg-config --cflags libonnxruntime``, ``/usr/include/onnxruntime``, and the cache folder that
+``bash runtime/kernels/fetch_ort_headers.sh`` fills (Debian's libonnxruntime-dev).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
+
+KERNELS = Path("runtime/kernels")
+HEADER = "onnxruntime_cxx_api.h"
+FETCH = f"bash {KERNELS}/fetch_ort_headers.sh"
+
+
+def header_candidates() -> list[Path]:
+    found = []
+    if os.environ.get("ORT_INCLUDE_DIR"):
+        found.append(Path(os.environ["ORT_INCLUDE_DIR"]))
+    if shutil.which("pkg-config"):
+        flags = subprocess.run(["pkg-config", "--cflags-only-I", "libonnxruntime"], capture_output=True, text=True)
+        if flags.returncode == 0:
+            found += [Path(flag[2:]) for flag in flags.stdout.split() if flag.startswith("-I")]
+    found.append(Path("/usr/include/onnxruntime"))
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    found.append(cache / "specrt/onnxruntime-headers/usr/include/onnxruntime")
+    return found
+
+
+def ort_include_dir() -> Path:
+    candidates = header_candidates()
+    for folder in candidates:
+        if (folder / HEADER).is_file():
+            return folder
+    raise SystemExit(
+        f"specrt: onnxruntime's C API headers ({HEADER}) were not found in {[str(c) for c in candidates]}. "
+        f"Run `{FETCH}` (downloads Debian's libonnxruntime-dev into the last folder), or set ORT_INCLUDE_DIR "
+        "to a folder that holds them, then install again."
+    )
+
+
+class BuildKernels(build_ext):
+    """build_ext for the kernel library: finds the headers and says how to get a missing one."""
+
+    def build_extensions(self) -> None:
+        include = ort_include_dir()
+        compiler = self.compiler.compiler_so[0] if getattr(self.compiler, "compiler_so", None) else "c++"
+        if not shutil.which(compiler):
+            raise SystemExit(f"specrt: no C++ compiler ({compiler!r}) to build the kernel library; install g++ "
+                             "(Debian: apt-get install g++) and install again")
+        for extension in self.extensions:
+            extension.include_dirs.append(str(include))
+        super().build_extensions()
+
+
+setup(
+    ext_modules=[
+        Extension(
+            "specrt._kernels",
+            sources=[str(KERNELS / name) for name in (
+                "spec_attention_op.cc", "kernel_scalar.cc", "kernel_avx2.cc", "kernel_avx512.cc")],
+            depends=[str(KERNELS / name) for name in ("attention.h", "canonical.h", "attention_impl.inc")],
+            language="c++",
+            # -ffp-contract=off: no multiply-add is fused unless the code says so, in every unit alike
+            extra_compile_args=["-std=c++17", "-O3", "-ffp-contract=off", "-fno-math-errno"],
+            py_limited_api=False,
+        )
+    ],
+    cmdclass={"build_ext": BuildKernels},
+)
