@@ -21,12 +21,14 @@ from transformers import PreTrainedModel
 
 from pipeline.fuse_graph import fuse_for_ort
 from pipeline.grouped_attention import grouped_attention_of
+from pipeline.spec_attention import spec_attention_of, translation_table
 from specrt import contract
 from specrt.manifest import ModelDims
 
 log = logging.getLogger(__name__)
 
 SUPPORTED_LAYER_TYPES = ("full_attention", "sliding_attention")
+ATTENTION_KINDS = ("specrt", "portable")
 
 
 def model_dims(model: PreTrainedModel, max_context: int) -> ModelDims:
@@ -107,19 +109,28 @@ class RowCache:
     never transposed. ``update`` hands the attention a heads-first view [1, kv, t, d] of the
     concatenation, as HF's caches do; ``grouped_attention`` reads it back as rows [t, kv * d], and
     the exporter's optimizer cancels the two transposes (tests/test_fuse_graph.py checks the graph),
-    so no pass copies the cache into another layout.
+    so no pass copies the cache into another layout. SpecAttention layers (pipeline.spec_attention)
+    read ``past`` and ``put`` their new rows instead: the kernel reads both where they lie.
     """
 
     def __init__(self, past: list[tuple[torch.Tensor, torch.Tensor]]):  # per layer (key, value) [1, past, kv, d]
         self._past = past
         self._new: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # layer -> (key, value) [1, s, kv, d]
 
-    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
-        """key_states, value_states [1, kv, s, d] -> every key and value [1, kv, past + s, d]."""
+    def past(self, layer_idx: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The cached key and value rows of a layer, [1, past, kv, d] each."""
+        return self._past[layer_idx]
+
+    def put(self, layer_idx: int, key_rows: torch.Tensor, value_rows: torch.Tensor) -> None:
+        """Record a layer's new key and value rows, [1, s, kv, d] each (once per layer and pass)."""
         if layer_idx in self._new:
             raise ValueError(f"layer {layer_idx} added to the cache twice in one pass")
+        self._new[layer_idx] = (key_rows, value_rows)
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
+        """key_states, value_states [1, kv, s, d] -> every key and value [1, kv, past + s, d]."""
         new = (key_states.transpose(1, 2), value_states.transpose(1, 2))  # [1, s, kv, d]
-        self._new[layer_idx] = new
+        self.put(layer_idx, *new)
         past_key, past_value = self._past[layer_idx]
         return (torch.cat([past_key, new[0]], dim=1).transpose(1, 2),
                 torch.cat([past_value, new[1]], dim=1).transpose(1, 2))
@@ -141,14 +152,21 @@ def example_inputs(dims: ModelDims, s: int = 3, past: int = 5) -> tuple[torch.Te
     return (ids, pos, bias, *kv)
 
 
-def export_onnx(model: PreTrainedModel, dims: ModelDims, path: Path, opset: int) -> None:
-    """Export ``model`` to ``path`` (+ ``path.data``, external weights) per ``specrt.contract``."""
+def export_onnx(model: PreTrainedModel, dims: ModelDims, path: Path, opset: int, attention: str = "specrt") -> None:
+    """Export ``model`` to ``path`` (+ ``path.data``, external weights) per ``specrt.contract``.
+
+    attention: "specrt" (one SpecAttention node per layer, run by specrt's kernel library on the CPU;
+    pipeline.spec_attention) or "portable" (standard and com.microsoft operators only, for the CUDA
+    provider and any onnxruntime without the library; pipeline.grouped_attention)."""
+    if attention not in ATTENTION_KINDS:
+        raise ValueError(f"attention must be one of {ATTENTION_KINDS}, got {attention!r}")
     inputs, outputs = contract.io_table(dims.num_layers, dims.kv_heads, dims.head_dim, dims.hidden, dims.vocab)
     s, past = torch.export.Dim("s", min=1, max=dims.max_context), torch.export.Dim("past", min=0, max=dims.max_context)
     # the varargs `*past` form one tuple in the signature, hence the nested tuple
     dynamic = ({1: s}, {1: s}, {2: s, 3: torch.export.Dim.AUTO}, tuple({1: past} for _ in range(2 * dims.num_layers)))
     path.parent.mkdir(parents=True, exist_ok=True)
-    with torch.no_grad(), grouped_attention_of(model):
+    patch = spec_attention_of if attention == "specrt" else grouped_attention_of
+    with torch.no_grad(), patch(model):
         wrapper = DecoderForExport(model).eval()
         program = torch.onnx.export(
             wrapper,
@@ -159,7 +177,9 @@ def export_onnx(model: PreTrainedModel, dims: ModelDims, path: Path, opset: int)
             opset_version=opset,
             dynamo=True,
             optimize=True,
+            custom_translation_table=translation_table() if attention == "specrt" else None,
         )
     fuse_for_ort(program.model, contract.POSITION_IDS, dims.max_context)
+    program.model.metadata_props[contract.ATTENTION_METADATA] = attention
     program.save(str(path), external_data=True)
     log.info("exported %s (%d inputs, %d outputs)", path, len(inputs), len(outputs))

@@ -148,6 +148,7 @@ def _write_artifact(
     prefill_chunk: int,
     stop_tokens: tuple[str, ...] = (),
     variant: str = "fp32",
+    attention: str = "specrt",
     gate_prompts: list[np.ndarray] | None = None,
     gate: dict[str, Any] | None = None,
 ) -> Manifest:
@@ -159,7 +160,7 @@ def _write_artifact(
     max_context = min(max_context, getattr(model.config, "max_position_embeddings", max_context))
     dims = model_dims(model, max_context)
     t0 = time.perf_counter()
-    export_onnx(model, dims, out / DECODER_FILE, opset)
+    export_onnx(model, dims, out / DECODER_FILE, opset, attention)
     export_s = time.perf_counter() - t0
     shutil.copyfile(tokenizer_json, out / TOKENIZER_FILE)
     check_tokenizer(tokenizer, out / TOKENIZER_FILE, ["def add(a, b):\n    return a + b", "Hello, world! héllo"])
@@ -192,6 +193,7 @@ def _write_artifact(
         producers=producer_versions(),
         chat=chat_template(tokenizer),
         spec_safe=bool(gate_report["spec_safe"]),
+        attention=attention,
         checks={"parity": parity, "gate": gate_report, "export_s": round(export_s, 2)},
     )
     if not parity["ok"]:
@@ -235,6 +237,7 @@ def run(
         check_ids=parity_ids(tokenizer, parity_text, params["parity_tokens"]),
         tolerance=params["parity_tolerance"],
         prefill_chunk=params["prefill_chunk"],
+        attention=params["attention"],
         stop_tokens=stop_tokens,
         gate_prompts=gate_prompts,
         gate=gate,
@@ -245,6 +248,7 @@ def run(
         "load_s": round(load_s, 2),
         "bytes": sum(f.bytes for f in manifest.files.values()),
         "spec_safe": manifest.spec_safe,
+        "attention": manifest.attention,
         **manifest.checks,
     }
 

@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
-from . import contract
+from . import contract, kernels
 from .binding import PointerBinding
 from .errors import ArtifactError, InvalidRequestError, SpecrtError
 from .gather import Block, RowGather
@@ -84,9 +84,12 @@ def make_session(path: Path, provider: str, threads: int | None) -> ort.Inferenc
         options.intra_op_num_threads = threads
         options.inter_op_num_threads = 1
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    kernels.register(options)  # specrt's own operators, for graphs that use them (specrt.kernels)
     try:
         session = ort.InferenceSession(str(path), sess_options=options, providers=[(name, PROVIDER_OPTIONS[provider])])
     except Exception as e:  # onnxruntime raises its own untyped exceptions
+        if (explained := kernels.explain_load_error(path, e)) is not None:
+            raise kernels.KernelLibraryError(explained) from None
         raise ArtifactError(f"{path}: onnxruntime could not load the decoder ({type(e).__name__}: {e})") from None
     if name not in session.get_providers():  # onnxruntime falls back to the CPU when an EP fails to start
         raise InvalidRequestError(
@@ -94,6 +97,12 @@ def make_session(path: Path, provider: str, threads: int | None) -> ort.Inferenc
             f"{session.get_providers()}; are the CUDA and cuDNN libraries of onnxruntime-gpu {ort.__version__} "
             "loadable? (pip install 'onnxruntime-gpu[cuda,cudnn]' and call onnxruntime.preload_dlls() before "
             "loading, or put their lib folders on LD_LIBRARY_PATH)"
+        )
+    attention = session.get_modelmeta().custom_metadata_map.get(contract.ATTENTION_METADATA, "portable")
+    if attention == "specrt" and provider != "cpu":
+        raise InvalidRequestError(
+            f"{path}: this decoder's attention is specrt's CPU kernel (SpecAttention), which the {name} cannot "
+            "run; export the model with export.attention: portable (params.yaml) for this provider"
         )
     return session
 

@@ -37,6 +37,9 @@ INPUT_IDS = "input_ids"
 POSITION_IDS = "position_ids"
 ATTENTION_BIAS = "attention_bias"
 LOGITS = "logits"
+# The graph's metadata key naming its attention: "specrt" (ai.specrt.SpecAttention, specrt's CPU
+# kernel library) or "portable" (standard and com.microsoft operators, any provider).
+ATTENTION_METADATA = "specrt.attention"
 HIDDEN_STATES = "hidden_states"
 
 

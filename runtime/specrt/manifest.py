@@ -58,6 +58,7 @@ class Manifest:
     producers: dict[str, str]  # package -> version of the tools that built it
     chat: ChatTemplate | None = None
     spec_safe: bool = True  # False: verify windows may disagree with single steps
+    attention: str = "portable"  # "specrt": SpecAttention nodes (CPU, specrt's kernel library); see contract
     checks: dict[str, Any] = field(default_factory=dict)  # parity / lossless reports
     format: str = FORMAT
 
@@ -108,6 +109,7 @@ def parse_manifest(raw: dict[str, Any], where: Path) -> Manifest:
             producers=dict(raw.get("producers", {})),
             chat=ChatTemplate(**chat_raw) if chat_raw else None,
             spec_safe=bool(raw.get("spec_safe", True)),
+            attention=str(raw.get("attention", "portable")),
             checks=dict(raw.get("checks", {})),
         )
     except TypeError as e:  # a nested record with unexpected or missing keys
