@@ -105,7 +105,7 @@ def window_run(decoder: OrtDecoder, ref: Reference, width: int, tree: bool, chun
     while start < n - 1:
         depth = min(width - 1, n - 1 - start - 1)  # path nodes; the last one predicts nothing we know
         draft, path = _window_tree(ref, start, depth, siblings=tree)
-        draft = fit_window(draft, decoder.past)  # the window the runtime would verify (a tree stays in one key block)
+        draft = fit_window(draft, decoder.past, decoder.graph.key_block)  # the window the runtime would verify
         path = path[path < len(draft)]
         window = flatten(int(ref.tokens[start]), draft, decoder.past)
         out = decoder.forward(window.input_ids, window.position_ids, window.attention_bias)

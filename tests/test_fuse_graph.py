@@ -27,8 +27,34 @@ def _fused(model: onnx.ModelProto, fuse) -> tuple[onnx.ModelProto, int]:
     return ir.serde.serialize_model(graph), count
 
 
-def test_exported_graph_has_fused_norms_projections_and_rotary(tiny_artifact):
+def _graph_ops(folder) -> tuple[onnx.GraphProto, collections.Counter]:
+    graph = onnx.load(str(folder / read_manifest(folder).decoder), load_external_data=False).graph
+    return graph, collections.Counter(n.op_type for n in graph.node)
+
+
+def test_specrt_graph_is_one_attention_node_per_layer_reading_the_cache_in_place(tiny_artifact):
     folder, model = tiny_artifact
+    graph, ops = _graph_ops(folder)
+    layers = model.config.num_hidden_layers
+    assert ops["SpecAttention"] == layers
+    # per layer: q|k|v, o, gate|up, down; plus the lm_head
+    assert ops["MatMul"] == 4 * layers + 1 and ops["FusedMatMul"] == 0 and ops["Softmax"] == 0
+    # every cached K/V input goes straight into its layer's SpecAttention; its present outputs are the graph's
+    readers = collections.defaultdict(list)
+    for node in graph.node:
+        for name in node.input:
+            readers[name].append(node)
+    outputs = {o.name for o in graph.output}
+    for node in (n for n in graph.node if n.op_type == "SpecAttention"):
+        assert node.domain == "ai.specrt"
+        assert node.input[3].startswith("past.") and node.input[4].startswith("past.")
+        assert {node.output[1], node.output[2]} <= outputs
+    for name in (i.name for i in graph.input if i.name.startswith("past.")):
+        assert [n.op_type for n in readers[name] if n.op_type != "Shape"] == ["SpecAttention"]
+
+
+def test_exported_graph_has_fused_norms_projections_and_rotary(portable_artifact):
+    folder, model = portable_artifact
     graph = onnx.load(str(folder / read_manifest(folder).decoder), load_external_data=False)
     ops = collections.Counter(n.op_type for n in graph.graph.node)
     layers = model.config.num_hidden_layers
@@ -41,10 +67,10 @@ def test_exported_graph_has_fused_norms_projections_and_rotary(tiny_artifact):
     assert ops["MatMul"] == 5 * layers + 1 and ops["FusedMatMul"] == 2 * layers and ops["Pad"] == 0
 
 
-def test_exported_graph_reads_the_cache_in_its_own_layout(tiny_artifact):
+def test_exported_graph_reads_the_cache_in_its_own_layout(portable_artifact):
     """The cached K/V rows [1, past, kv, d] go straight into their concatenation with the new rows,
     and that goes (reshaped) into the attention products: no pass transposes a copy of the cache."""
-    folder, model = tiny_artifact
+    folder, model = portable_artifact
     graph = onnx.load(str(folder / read_manifest(folder).decoder), load_external_data=False).graph
     consumers = collections.defaultdict(list)
     for node in graph.node:

@@ -26,6 +26,16 @@ def test_pld_is_bit_exact_with_baseline(model, tree, budget):
         assert spec.finish_reason == base.finish_reason
 
 
+@pytest.mark.parametrize("tree", [False, True], ids=["chain", "tree"])
+def test_the_portable_export_is_bit_exact_with_baseline_too(portable_artifact, tree):
+    portable = specrt.load(portable_artifact[0])
+    assert portable.manifest.attention == "portable" and portable.graph.key_block == 128
+    for prompt in PROMPTS:
+        base = portable.generate(prompt, method="baseline", max_new_tokens=40)
+        spec = portable.generate(prompt, method="pld", tree=tree, max_new_tokens=40, draft_budget=8)
+        assert spec.token_ids == base.token_ids, prompt
+
+
 def test_pld_accepts_drafts_on_repetitive_text(model):
     # the tiny models memorised their training text: copying from the prompt must pay off
     accepted = [model.generate(p, method="pld", max_new_tokens=40, backoff=False).stats["accepted"] for p in PROMPTS]

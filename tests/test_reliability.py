@@ -304,7 +304,7 @@ def hf_parts(tmp_path_factory):
 
 
 def interrupted_export(model, out: Path, monkeypatch) -> None:
-    def export_onnx(torch_model, dims, path, opset):
+    def export_onnx(torch_model, dims, path, opset, attention):
         path.write_bytes(b"half a graph")
         raise KeyboardInterrupt  # as if killed mid-write
 

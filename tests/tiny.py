@@ -96,8 +96,9 @@ def memorize(model: torch.nn.Module, tokenizer: PreTrainedTokenizerFast, steps: 
     return model.eval()
 
 
-def build_tiny_artifact(arch: str, out: Path) -> tuple[Path, torch.nn.Module]:
-    """An fp32 artifact folder for a tiny ``arch`` model, through pipeline.export.build_artifact."""
+def build_tiny_artifact(arch: str, out: Path, attention: str = "specrt") -> tuple[Path, torch.nn.Module]:
+    """An fp32 artifact folder for a tiny ``arch`` model, through pipeline.export.build_artifact
+    (``attention``: export.attention, "specrt" or "portable")."""
     out.parent.mkdir(parents=True, exist_ok=True)
     tokenizer_json = tiny_tokenizer(out.parent / f"{arch}-tokenizer.json")
     hf_tok = PreTrainedTokenizerFast(tokenizer_file=str(tokenizer_json), eos_token=EOS)
@@ -105,7 +106,7 @@ def build_tiny_artifact(arch: str, out: Path) -> tuple[Path, torch.nn.Module]:
     check_ids = np.random.default_rng(0).integers(0, hf_tok.vocab_size, 40)
     build_artifact(
         model, hf_tok, tokenizer_json, out, name=f"tiny-{arch}", max_context=256, opset=20,
-        check_ids=check_ids, tolerance=1e-3, prefill_chunk=16,
+        check_ids=check_ids, tolerance=1e-3, prefill_chunk=16, attention=attention,
     )
     return out, model
 

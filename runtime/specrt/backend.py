@@ -32,6 +32,7 @@ from .errors import ArtifactError, InvalidRequestError, SpecrtError
 from .gather import Block, RowGather
 from .kvstore import FLOAT_BYTES, DeviceKV, DeviceScratch, HostKV, KVStore
 from .manifest import ModelDims
+from .tree import KEY_BLOCK
 
 log = logging.getLogger(__name__)
 
@@ -131,6 +132,10 @@ class DecoderSession:
         self.dims = dims
         self.provider = provider
         self.session = make_session(path, provider, threads)
+        # "specrt" (SpecAttention nodes) or "portable"; contract.ATTENTION_METADATA
+        self.attention = self.session.get_modelmeta().custom_metadata_map.get(contract.ATTENTION_METADATA, "portable")
+        # cache slots a branching verify window must stay within (specrt.tree.fit_window); None: any
+        self.key_block = None if self.attention == "specrt" else KEY_BLOCK
         self.device = DEVICES[provider] if device_cache else None  # None: host numpy caches
         self.gather = RowGather(PROVIDERS[provider]) if device_cache else None  # device-side row copies
         # per layer: (past key, present key), (past value, present value); buffer 2 * layer + j

@@ -305,7 +305,8 @@ class SpeculativeLoop:
                 if self.backoff is not None and len(tree):
                     tree = self.backoff.choose(tree, len(context))  # cut to what pays; empty = plain step
                     stats.held_back += not len(tree)
-                tree = fit_window(tree, self.decoder.past)  # a tree stays inside one key block
+                # a tree stays inside one key block where the graph's attention needs it
+                tree = fit_window(tree, self.decoder.past, self.decoder.graph.key_block)
             stats.draft_s += time.perf_counter() - t
 
             window = flatten(int(context[-1]), tree, self.decoder.past)

@@ -87,20 +87,23 @@ class DraftTree:
         return np.flatnonzero(self.parents == node)
 
 
-# onnxruntime's CPU SGEMM sums attention over the keys in blocks of 128 cache slots (fused
-# multiply-adds inside a block, one rounding more where blocks meet). A chain window keeps every
-# key at the slot a single step gives it; a branching tree moves a path's keys to other slots, so
-# a row rounds like its single step only while the window's nodes share one block.
+# The portable graph's attention (pipeline/grouped_attention.py) runs on onnxruntime's CPU SGEMM,
+# which sums over the keys in blocks of 128 cache slots (fused multiply-adds inside a block, one
+# rounding more where blocks meet). A chain window keeps every key at the slot a single step gives
+# it; a branching tree moves a path's keys to other slots, so a row rounds like its single step
+# only while the window's nodes share one block. SpecAttention graphs sum over each row's list of
+# visible keys, wherever they sit, and need no block (DecoderSession.key_block is None for them).
 KEY_BLOCK = 128
 
 
-def fit_window(tree: DraftTree, past: int) -> DraftTree:
+def fit_window(tree: DraftTree, past: int, key_block: int | None = KEY_BLOCK) -> DraftTree:
     """``tree`` as it may be verified after ``past`` cached slots (the root takes slot ``past``):
-    a branching tree keeps its first nodes up to the end of the key block of slot ``past + 1``
-    (at most once per KEY_BLOCK positions a tree is cut); chains are never cut."""
-    if not len(tree) or tree.is_chain():
+    a branching tree keeps its first nodes up to the end of the ``key_block`` of slot ``past + 1``
+    (at most once per ``key_block`` positions a tree is cut); chains are never cut, and nothing is
+    when ``key_block`` is None."""
+    if not len(tree) or tree.is_chain() or key_block is None:
         return tree
-    room = KEY_BLOCK - (past + 1) % KEY_BLOCK
+    room = key_block - (past + 1) % key_block
     return tree if len(tree) <= room else tree.first(room)
 
 
