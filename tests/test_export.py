@@ -136,3 +136,34 @@ def test_grouped_attention_refuses_layouts_it_cannot_keep_batch_invariant(heads,
     query, key, value, bias = _grouped_case(heads, kv)
     with pytest.raises(ValueError, match=message):
         grouped_attention(torch.nn.Module(), query, key, value, bias, scaling=1.0)
+
+
+def test_spec_attention_export_refuses_a_head_dim_the_kernel_does_not_take(tmp_path):
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from pipeline.decoder_graph import export_onnx, model_dims
+
+    config = Qwen2Config(vocab_size=64, hidden_size=48, intermediate_size=64, num_hidden_layers=1,
+                         num_attention_heads=4, num_key_value_heads=2)  # head_dim 12
+    model = Qwen2ForCausalLM(config).eval()
+    with pytest.raises(ValueError, match=r"model.layers.0.self_attn: head_dim 12 is not a multiple of 16 up to "
+                       r"1024, which SpecAttention requires; export with export.attention: portable"):
+        export_onnx(model, model_dims(model, 64), tmp_path / "decoder.onnx", 20)
+    assert not (tmp_path / "decoder.onnx").exists()
+
+
+def test_spec_attention_in_torch_equals_the_models_own_attention(tiny_artifact):
+    # the patched forward (pipeline.spec_attention) computes what the HF module computes
+    from pipeline.decoder_graph import DecoderForExport, example_inputs, model_dims
+    from pipeline.spec_attention import spec_attention_of
+
+    _, model = tiny_artifact
+    inputs = example_inputs(model_dims(model, 64), s=4, past=6)
+    wrapper = DecoderForExport(model).eval()
+    with torch.no_grad():
+        want = wrapper(*inputs)
+        with spec_attention_of(model):
+            got = wrapper(*inputs)
+    assert len(got) == len(want)
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g, w, atol=1e-5, rtol=1e-4)
