@@ -47,7 +47,10 @@ SUBJECTS = ("specrt", "genai")
 def _profiled_session(path: Path, threads: int | None, prefix: str):  # -> ort.InferenceSession
     import onnxruntime as ort
 
+    from specrt import kernels
+
     options = ort.SessionOptions()
+    kernels.register(options)  # SpecAttention graphs
     if threads is not None:
         options.intra_op_num_threads = threads
         options.inter_op_num_threads = 1
