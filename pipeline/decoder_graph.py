@@ -20,6 +20,7 @@ from torch import nn
 from transformers import PreTrainedModel
 
 from pipeline.fuse_graph import fuse_for_ort
+from pipeline.fuse_kernels import fuse_for_kernels
 from pipeline.grouped_attention import grouped_attention_of
 from pipeline.spec_attention import spec_attention_of, translation_table
 from specrt import contract
@@ -180,6 +181,8 @@ def export_onnx(model: PreTrainedModel, dims: ModelDims, path: Path, opset: int,
             custom_translation_table=translation_table() if attention == "specrt" else None,
         )
     fuse_for_ort(program.model, contract.POSITION_IDS, dims.max_context)
+    if attention == "specrt":
+        fuse_for_kernels(program.model)
     program.model.metadata_props[contract.ATTENTION_METADATA] = attention
     program.save(str(path), external_data=True)
     log.info("exported %s (%d inputs, %d outputs)", path, len(inputs), len(outputs))

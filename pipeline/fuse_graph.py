@@ -132,10 +132,10 @@ def _fuse_group(graph: ir.Graph, nodes: Sequence[ir.Node], weights: Sequence[np.
     graph.insert_before(nodes[0], [*new_nodes, split])
     replaced = [a[0] for a in adds] if with_bias else list(nodes)  # type: ignore[index]
     for node, out in zip(replaced, split.outputs, strict=True):
-        _take_over(node.outputs[0], out)
+        take_over(node.outputs[0], out)
 
 
-def _take_over(old: ir.Value, new: ir.Value) -> None:
+def take_over(old: ir.Value, new: ir.Value) -> None:
     """``new`` replaces ``old`` everywhere, under its name (graph outputs keep their names)."""
     name, old.name = old.name, None
     new.name, new.shape, new.dtype = name, old.shape, old.dtype
@@ -167,7 +167,7 @@ def fuse_transposed_operands(model: ir.Model) -> int:
         matmul = ir.node("FusedMatMul", [transpose.inputs[0], node.inputs[1]], {"transA": 1}, domain=MS_DOMAIN,
                          name=f"{node.name}.transposed_a")
         graph.insert_before(node, matmul)
-        _take_over(node.outputs[0], matmul.outputs[0])
+        take_over(node.outputs[0], matmul.outputs[0])
         graph.remove(node, safe=True)
         fused += 1
     if fused:
@@ -279,7 +279,7 @@ def fuse_rotary(model: ir.Model, position_ids: str, max_positions: int) -> int:
         node = ir.node("RotaryEmbedding", [match.x, pos, cos_cache, sin_cache], {"interleaved": 0},
                        domain=MS_DOMAIN, name=f"{match.add.name}.rotary")
         graph.insert_before(match.add, node)
-        _take_over(match.out, node.outputs[0])
+        take_over(match.out, node.outputs[0])
         fused += 1
     if fused:
         graph.opset_imports.setdefault(MS_DOMAIN, 1)

@@ -33,8 +33,8 @@ SUPPORTED = ("Qwen2Attention", "LlamaAttention", "Gemma3Attention")
 
 _INPUTS = (
     ("query", "[1, s, num_heads * head_dim] before the rotary embedding"),
-    ("key", "[1, s, kv_heads * head_dim] before the rotary embedding"),
-    ("value", "[1, s, kv_heads * head_dim]"),
+    ("key", "[1, s, kv_heads * head_dim] before the rotary embedding; absent: packed in query"),
+    ("value", "[1, s, kv_heads * head_dim]; absent: packed in query"),
     ("past_key", "[1, past, kv_heads, head_dim] cached keys, after the rotary embedding"),
     ("past_value", "[1, past, kv_heads, head_dim] cached values"),
     ("cos", "[1, s, head_dim] rotary cosines at each row's position"),
@@ -57,7 +57,9 @@ def register_schema() -> None:
     onnx.defs.register_schema(OpSchema(
         kernels.ATTENTION_OP, kernels.DOMAIN, kernels.OPSET,
         doc="A decoder layer's attention: rotary, grouped-query heads, additive bias, window K/V out.",
-        inputs=[param(name, "T", doc) for name, doc in _INPUTS],
+        inputs=[param(name, "T", doc, param_option=OpSchema.FormalParameterOption.Optional
+                      if name in ("key", "value") else OpSchema.FormalParameterOption.Single)
+                for name, doc in _INPUTS],
         outputs=[param(name, "T", doc) for name, doc in _OUTPUTS],
         type_constraints=[("T", ["tensor(float)"], "float32")],
         attributes=[
@@ -65,6 +67,13 @@ def register_schema() -> None:
             OpSchema.Attribute("kv_heads", OpSchema.AttrType.INT, "key/value heads"),
             OpSchema.Attribute("scale", OpSchema.AttrType.FLOAT, "score = (q . k) * scale + bias"),
         ],
+    ))
+    onnx.defs.register_schema(OpSchema(
+        kernels.SWIGLU_OP, kernels.DOMAIN, kernels.OPSET,
+        doc="silu(x[..., :n]) * x[..., n:] for x [..., 2n], n a multiple of 16.",
+        inputs=[param("x", "T", "[..., 2n] the packed [gate | up] rows")],
+        outputs=[param("y", "T", "[..., n]")],
+        type_constraints=[("T", ["tensor(float)"], "float32")],
     ))
 
 

@@ -45,10 +45,15 @@ def test_specrt_graph_is_one_attention_node_per_layer_reading_the_cache_in_place
         for name in node.input:
             readers[name].append(node)
     outputs = {o.name for o in graph.output}
+    packed = not model.config.model_type.startswith("gemma3")  # Gemma: q_norm, k_norm between Split and node
     for node in (n for n in graph.node if n.op_type == "SpecAttention"):
         assert node.domain == "ai.specrt"
         assert node.input[3].startswith("past.") and node.input[4].startswith("past.")
         assert {node.output[1], node.output[2]} <= outputs
+        assert (list(node.input[1:3]) == ["", ""]) == packed  # the packed q|k|v rows, no Split
+    # the SwiGLU MLPs (Gemma's is GeGLU): one node for Split, Sigmoid and two Muls
+    assert ops["SwiGLU"] == (layers if packed else 0)
+    assert ops["Sigmoid"] == 0 and ops["Split"] == 0 if packed else ops["Split"] >= layers
     for name in (i.name for i in graph.input if i.name.startswith("past.")):
         assert [n.op_type for n in readers[name] if n.op_type != "Shape"] == ["SpecAttention"]
 

@@ -8,6 +8,7 @@ instruction set; and the values must be attention's, within 1e-5 of a float64 nu
 from __future__ import annotations
 
 import numpy as np
+import onnx
 import onnxruntime as ort
 import pytest
 from hypothesis import given, settings
@@ -256,3 +257,68 @@ def test_a_library_newer_than_onnxruntime_is_refused_with_its_fix(monkeypatch):
     with pytest.raises(kernels.KernelLibraryError, match=r"built against onnxruntime C API 21, but onnxruntime "
                        r".* serves up to 20: `pip install 'onnxruntime>=1.21'`"):
         kernels.register(ort.SessionOptions(), required=True)
+
+
+def packed_graph(heads: int, kv: int, d: int, scale: float) -> bytes:
+    """SpecAttention with key and value absent: each query row holds [q | k | v]."""
+    model = onnx.load_from_string(attention_graph(heads, kv, d, scale))
+    node = model.graph.node[0]
+    node.input[1], node.input[2] = "", ""
+    keep = [i for i in model.graph.input if i.name not in ("key", "value")]
+    del model.graph.input[:]
+    model.graph.input.extend(keep)
+    return model.SerializeToString()
+
+
+def test_packed_query_rows_give_the_bits_of_separate_inputs():
+    rng = np.random.default_rng(3)
+    heads, kv, d = 14, 2, 64
+    feeds = random_pass(rng, heads, kv, d, 130, [-1, 0, 0, 2, 3])
+    options = ort.SessionOptions()
+    kernels.register(options, required=True)
+    packed = ort.InferenceSession(packed_graph(heads, kv, d, d**-0.5), options, providers=["CPUExecutionProvider"])
+    rows = np.concatenate([feeds["query"], feeds["key"], feeds["value"]], axis=-1)  # [1, s, (heads + 2 kv) d]
+    got = packed.run(None, {**{k: v for k, v in feeds.items() if k not in ("key", "value")}, "query": rows})
+    want = session(heads, kv, d, 2).run(None, feeds)
+    for g, w in zip(got, want, strict=True):
+        assert np.array_equal(g, w)
+
+
+def swiglu_session(threads: int = 1) -> ort.InferenceSession:
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["r", "s", "w"])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["r", "s", "n"])
+    node = helper.make_node(kernels.SWIGLU_OP, ["x"], ["y"], domain=kernels.DOMAIN)
+    model = helper.make_model(helper.make_graph([node], "swiglu", [x], [y]), ir_version=10,
+                              opset_imports=[helper.make_opsetid("", 20), helper.make_opsetid(kernels.DOMAIN, 1)])
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    kernels.register(options, required=True)
+    return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_swiglu_is_silu_of_the_gate_times_up_row_by_row(threads):
+    rng = np.random.default_rng(threads)
+    x = (rng.standard_normal((1, 9, 2 * 48)) * 6).astype(np.float32)
+    x[0, 0, :4] = [0.0, -0.0, 90.0, -90.0]  # both zeros, and gates whose exp(-|g|) flushes to 0
+    y = swiglu_session(threads).run(None, {"x": x})[0]
+    g, u = x[..., :48].astype(np.float64), x[..., 48:].astype(np.float64)
+    np.testing.assert_allclose(y, g / (1 + np.exp(-g)) * u, rtol=1e-6, atol=1e-6)
+    one = swiglu_session(1)
+    for i in range(9):  # a row alone gives the bits it gets among the others
+        assert np.array_equal(one.run(None, {"x": x[:, i:i + 1]})[0][0, 0], y[0, i])
+
+
+def test_swiglu_gives_the_same_bits_on_every_instruction_set(monkeypatch):
+    x = (np.random.default_rng(5).standard_normal((1, 3, 2 * 64)) * 4).astype(np.float32)
+    results = {}
+    for isa in isas():
+        monkeypatch.setenv("SPECRT_KERNEL_ISA", isa)
+        results[isa] = swiglu_session().run(None, {"x": x})[0]
+    for isa, got in results.items():
+        assert np.array_equal(got, results["scalar"]), f"{isa} differs from scalar"
+
+
+def test_swiglu_refuses_halves_that_are_not_multiples_of_16():
+    with pytest.raises(Exception, match=r"SwiGLU: x has shape \[1, 2, 40\], expected a last dimension 2 \* inner"):
+        swiglu_session().run(None, {"x": np.zeros((1, 2, 40), np.float32)})

@@ -18,7 +18,8 @@ struct AttentionPass {
   int64_t kv_heads = 0;   // key/value heads; heads % kv_heads == 0
   int64_t head_dim = 0;   // d; a multiple of 16
   float scale = 1.0f;     // score = (q . k) * scale + bias
-  const float* query = nullptr;       // [s, heads * d]   before the rotary embedding
+  int64_t query_stride = 0;           // floats from one row's query to the next's (heads * d, or more when packed)
+  const float* query = nullptr;       // [s, query_stride] before the rotary embedding
   const float* cos = nullptr;         // [s, d]           rotary tables of each row's position
   const float* sin = nullptr;         // [s, d]
   const float* bias = nullptr;        // [s, past + s]    additive; <= kMaskedAtOrBelow: not attended
@@ -54,6 +55,15 @@ struct Workspace {
 // row's visible keys in slot order, softmax, weighted sum of values into pass.out.
 using AttendFn = void (*)(const AttentionPass& pass, int64_t row, int64_t kv, int64_t head_begin, int64_t head_end,
                           const Workspace& work);
+
+// SwiGLU of `rows` rows of `inner` pairs: out[r, c] = silu(x[r, c]) * x[r, inner + c], where
+// silu(g) = g * sigmoid(g) and sigmoid(g) = 1 / (1 + e) for g >= 0, e / (1 + e) below, e = exp(-|g|).
+// inner: a multiple of 16.
+using SwiGLUFn = void (*)(const float* x, int64_t inner, float* out);
+
+namespace scalar { void swiglu(const float*, int64_t, float*); }
+namespace avx2 { void swiglu(const float*, int64_t, float*); }
+namespace avx512 { void swiglu(const float*, int64_t, float*); }
 
 namespace scalar { void attend(const AttentionPass&, int64_t, int64_t, int64_t, int64_t, const Workspace&); }
 namespace avx2 { void attend(const AttentionPass&, int64_t, int64_t, int64_t, int64_t, const Workspace&); }

@@ -39,6 +39,12 @@ inline V16 fma(V16 a, V16 b, V16 c) { return {_mm512_fmadd_ps(a.v, b.v, c.v)}; }
 inline V16 add(V16 a, V16 b) { return {_mm512_add_ps(a.v, b.v)}; }
 inline V16 mul(V16 a, V16 b) { return {_mm512_mul_ps(a.v, b.v)}; }
 inline V16 sub(V16 a, V16 b) { return {_mm512_sub_ps(a.v, b.v)}; }
+inline V16 neg_abs(V16 a) { return {_mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(a.v), _mm512_set1_epi32(INT32_MIN)))}; }
+// lanes of x whose sign bit is set take if_negative, the others otherwise
+inline V16 select_negative(V16 x, V16 if_negative, V16 otherwise) {
+  const __mmask16 negative = _mm512_cmplt_epi32_mask(_mm512_castps_si512(x.v), _mm512_setzero_si512());
+  return {_mm512_mask_blend_ps(negative, otherwise.v, if_negative.v)};
+}
 inline V16 div(V16 a, V16 b) { return {_mm512_div_ps(a.v, b.v)}; }
 inline float reduce(V16 a) {
   __m256 s8 = _mm256_add_ps(_mm512_castps512_ps256(a.v),
@@ -84,6 +90,13 @@ inline V16 fma(V16 a, V16 b, V16 c) { return {_mm256_fmadd_ps(a.lo, b.lo, c.lo),
 inline V16 add(V16 a, V16 b) { return {_mm256_add_ps(a.lo, b.lo), _mm256_add_ps(a.hi, b.hi)}; }
 inline V16 mul(V16 a, V16 b) { return {_mm256_mul_ps(a.lo, b.lo), _mm256_mul_ps(a.hi, b.hi)}; }
 inline V16 sub(V16 a, V16 b) { return {_mm256_sub_ps(a.lo, b.lo), _mm256_sub_ps(a.hi, b.hi)}; }
+inline V16 neg_abs(V16 a) {
+  const __m256 sign = _mm256_set1_ps(-0.0f);
+  return {_mm256_or_ps(a.lo, sign), _mm256_or_ps(a.hi, sign)};
+}
+inline V16 select_negative(V16 x, V16 if_negative, V16 otherwise) {  // blendv reads the sign bit
+  return {_mm256_blendv_ps(otherwise.lo, if_negative.lo, x.lo), _mm256_blendv_ps(otherwise.hi, if_negative.hi, x.hi)};
+}
 inline V16 div(V16 a, V16 b) { return {_mm256_div_ps(a.lo, b.lo), _mm256_div_ps(a.hi, b.hi)}; }
 inline float reduce(V16 a) {
   __m256 s8 = _mm256_add_ps(a.lo, a.hi);
@@ -149,6 +162,14 @@ inline V16 sub(V16 a, V16 b) {
 inline V16 div(V16 a, V16 b) {
   for (int l = 0; l < 16; ++l) a.v[l] = a.v[l] / b.v[l];
   return a;
+}
+inline V16 neg_abs(V16 a) {
+  for (float& lane : a.v) lane = -std::fabs(lane);
+  return a;
+}
+inline V16 select_negative(V16 x, V16 if_negative, V16 otherwise) {
+  for (int l = 0; l < 16; ++l) otherwise.v[l] = std::signbit(x.v[l]) ? if_negative.v[l] : otherwise.v[l];
+  return otherwise;
 }
 inline float reduce(V16 a) {
   float s8[8], s4[4];

@@ -1,6 +1,7 @@
-// The onnxruntime custom-op library: operator SpecAttention, domain ai.specrt, version 1.
+// The onnxruntime custom-op library, domain ai.specrt, version 1: SpecAttention (a decoder layer's
+// attention, below) and SwiGLU (an MLP's silu(gate) * up on the packed [gate | up] rows).
 //
-//   query [1, s, heads*d] ──┐
+//   query [1, s, heads*d] ──┐       (or packed [1, s, (heads + 2 kv)*d] with key and value absent)
 //   key   [1, s, kv*d]   ───┼─ rotary(cos, sin) ──► present_key   [1, s, kv, d]  (the window's keys)
 //   value [1, s, kv*d]   ───┼──────────────────────► present_value [1, s, kv, d]
 //   past_key, past_value [1, past, kv, d] ─┐
@@ -52,6 +53,7 @@ constexpr int64_t kMaxHeadDim = 1024;
 struct Isa {
   const char* name;
   AttendFn attend;
+  SwiGLUFn swiglu;
 };
 
 bool cpu_has(const char* isa) {
@@ -65,10 +67,10 @@ bool cpu_has(const char* isa) {
 
 const Isa kIsas[] = {
 #if defined(__x86_64__) || defined(__i386__)
-    {"avx512", avx512::attend},
-    {"avx2", avx2::attend},
+    {"avx512", avx512::attend, avx512::swiglu},
+    {"avx2", avx2::attend, avx2::swiglu},
 #endif
-    {"scalar", scalar::attend},
+    {"scalar", scalar::attend, scalar::swiglu},
 };
 
 // The instruction set to run: SPECRT_KERNEL_ISA if set (an error if unknown or missing here), else the best.
@@ -86,9 +88,11 @@ std::string choose_isa(const Isa** chosen) {
   return std::string("SPECRT_KERNEL_ISA=") + (wanted ? wanted : "") + ": expected scalar, avx2 or avx512";
 }
 
-OrtStatus* fail(const std::string& message) {
-  return g_api->CreateStatus(ORT_INVALID_ARGUMENT, (std::string(kOpName) + ": " + message).c_str());
+OrtStatus* fail(const char* op, const std::string& message) {
+  return g_api->CreateStatus(ORT_INVALID_ARGUMENT, (std::string(op) + ": " + message).c_str());
 }
+
+OrtStatus* fail(const std::string& message) { return fail(kOpName, message); }
 
 std::string shape_text(const std::vector<int64_t>& shape) {
   std::string text = "[";
@@ -102,9 +106,14 @@ struct Tensor {
   const float* data = nullptr;
 };
 
-OrtStatus* read_input(OrtKernelContext* context, size_t index, const char* name, Tensor* tensor) {
-  if (OrtStatus* status = g_api->KernelContext_GetInput(context, index, &tensor->value)) return status;
-  if (!tensor->value) return fail(std::string("input ") + name + " is missing");
+// An input's shape and data; an absent optional input leaves `tensor` empty (value == nullptr).
+OrtStatus* read_input(OrtKernelContext* context, size_t index, const char* name, Tensor* tensor,
+                      bool optional = false, const char* op = kOpName) {
+  size_t count = 0;
+  if (OrtStatus* status = g_api->KernelContext_GetInputCount(context, &count)) return status;
+  if (index < count)
+    if (OrtStatus* status = g_api->KernelContext_GetInput(context, index, &tensor->value)) return status;
+  if (!tensor->value) return optional ? nullptr : fail(op, std::string("input ") + name + " is missing");
   OrtTensorTypeAndShapeInfo* info = nullptr;
   if (OrtStatus* status = g_api->GetTensorTypeAndShape(tensor->value, &info)) return status;
   size_t rank = 0;
@@ -117,7 +126,7 @@ OrtStatus* read_input(OrtKernelContext* context, size_t index, const char* name,
   if (!status) status = g_api->GetTensorElementType(info, &type);
   g_api->ReleaseTensorTypeAndShapeInfo(info);
   if (status) return status;
-  if (type != ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT) return fail(std::string("input ") + name + " must be float32");
+  if (type != ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT) return fail(op, std::string("input ") + name + " must be float32");
   void* data = nullptr;
   if (OrtStatus* s = g_api->GetTensorMutableData(const_cast<OrtValue*>(tensor->value), &data)) return s;
   tensor->data = static_cast<const float*>(data);
@@ -174,24 +183,32 @@ struct SpecAttentionKernel {
     const char* names[] = {"query", "key", "value", "past_key", "past_value", "cos", "sin", "bias"};
     Tensor* tensors[] = {&query, &key, &value, &past_key, &past_value, &cos, &sin, &bias};
     for (size_t i = 0; i < 8; ++i)
-      if (OrtStatus* status = read_input(context, i, names[i], tensors[i])) return status;
-    if (query.shape.size() != 3 || query.shape[0] != 1 || query.shape[2] % heads)
-      return fail("query has shape " + shape_text(query.shape) + ", expected [1, s, num_heads * head_dim] with num_heads=" +
-                  std::to_string(heads));
-    const int64_t s = query.shape[1], d = query.shape[2] / heads;
+      if (OrtStatus* status = read_input(context, i, names[i], tensors[i], i == 1 || i == 2)) return status;
+    // packed: key and value absent, query holds each row's [q | k | v]
+    const bool packed = !key.value && !value.value;
+    if (!packed && (!key.value || !value.value)) return fail("key and value must both be given, or neither (packed query)");
+    const int64_t width = packed ? heads + 2 * kv_heads : heads;  // head-sized slices per query row
+    if (query.shape.size() != 3 || query.shape[0] != 1 || query.shape[2] % width)
+      return fail("query has shape " + shape_text(query.shape) + ", expected [1, s, " +
+                  (packed ? "(num_heads + 2 * kv_heads)" : "num_heads") + " * head_dim] with num_heads=" +
+                  std::to_string(heads) + ", kv_heads=" + std::to_string(kv_heads));
+    const int64_t s = query.shape[1], d = query.shape[2] / width;
     if (d % 16 || d > kMaxHeadDim)
       return fail("head_dim " + std::to_string(d) + " is not a multiple of 16 up to " + std::to_string(kMaxHeadDim));
     if (past_key.shape.size() != 4) return fail("past_key has shape " + shape_text(past_key.shape) + ", expected [1, past, kv_heads, head_dim]");
     const int64_t past = past_key.shape[1];
     OrtStatus* status = nullptr;
-    if (!status) status = expect_shape(key, "key", {1, s, kv_heads * d});
-    if (!status) status = expect_shape(value, "value", {1, s, kv_heads * d});
+    if (!packed && !status) status = expect_shape(key, "key", {1, s, kv_heads * d});
+    if (!packed && !status) status = expect_shape(value, "value", {1, s, kv_heads * d});
     if (!status) status = expect_shape(past_key, "past_key", {1, past, kv_heads, d});
     if (!status) status = expect_shape(past_value, "past_value", {1, past, kv_heads, d});
     if (!status) status = expect_shape(cos, "cos", {1, s, d});
     if (!status) status = expect_shape(sin, "sin", {1, s, d});
     if (!status) status = expect_shape(bias, "bias", {1, 1, s, past + s});
     if (status) return status;
+    const int64_t row_stride = packed ? width * d : kv_heads * d;  // of the key and value rows read below
+    const float* key_rows = packed ? query.data + heads * d : key.data;
+    const float* value_rows = packed ? query.data + (heads + kv_heads) * d : value.data;
 
     AttentionPass pass;
     pass.s = s;
@@ -200,6 +217,7 @@ struct SpecAttentionKernel {
     pass.kv_heads = kv_heads;
     pass.head_dim = d;
     pass.scale = scale;
+    pass.query_stride = width * d;
     pass.query = query.data;
     pass.cos = cos.data;
     pass.sin = sin.data;
@@ -212,9 +230,9 @@ struct SpecAttentionKernel {
     if ((status = output(context, 2, {1, s, kv_heads, d}, &new_value))) return status;
     for (int64_t i = 0; i < s; ++i)  // the window's keys, rotated, and values, into the cache slots
       for (int64_t k = 0; k < kv_heads; ++k) {
-        const int64_t at = (i * kv_heads + k) * d;
-        rotate_half(key.data + at, cos.data + i * d, sin.data + i * d, d, new_key + at);
-        std::memcpy(new_value + at, value.data + at, static_cast<size_t>(d) * sizeof(float));
+        const int64_t at = (i * kv_heads + k) * d, from = i * row_stride + k * d;
+        rotate_half(key_rows + from, cos.data + i * d, sin.data + i * d, d, new_key + at);
+        std::memcpy(new_value + at, value_rows + from, static_cast<size_t>(d) * sizeof(float));
       }
     pass.new_key = new_key;
     pass.new_value = new_value;
@@ -259,7 +277,68 @@ struct SpecAttentionOp : Ort::CustomOpBase<SpecAttentionOp, SpecAttentionKernel,
   const char* GetName() const { return kOpName; }
   size_t GetInputTypeCount() const { return 8; }
   ONNXTensorElementDataType GetInputType(size_t) const { return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT; }
+  OrtCustomOpInputOutputCharacteristic GetInputCharacteristic(size_t index) const {
+    return index == 1 || index == 2 ? INPUT_OUTPUT_OPTIONAL : INPUT_OUTPUT_REQUIRED;
+  }
   size_t GetOutputTypeCount() const { return 3; }
+  ONNXTensorElementDataType GetOutputType(size_t) const { return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT; }
+};
+
+// SwiGLU: x [..., 2 * inner] -> [..., inner], silu of the first half times the second (attention.h)
+constexpr const char* kSwiGLUName = "SwiGLU";
+
+struct SwiGLURows {
+  const float* x;
+  float* out;
+  int64_t inner;
+  SwiGLUFn swiglu;
+};
+
+void swiglu_row(void* user, size_t row) {
+  const SwiGLURows& rows = *static_cast<const SwiGLURows*>(user);
+  rows.swiglu(rows.x + static_cast<int64_t>(row) * 2 * rows.inner, rows.inner,
+              rows.out + static_cast<int64_t>(row) * rows.inner);
+}
+
+struct SwiGLUKernel {
+  const Isa* isa = nullptr;
+
+  OrtStatusPtr ComputeV2(OrtKernelContext* context) const {
+    Tensor x;
+    if (OrtStatus* status = read_input(context, 0, "x", &x, false, kSwiGLUName)) return status;
+    if (x.shape.empty() || x.shape.back() % 32)
+      return fail(kSwiGLUName, "x has shape " + shape_text(x.shape) + ", expected a last dimension 2 * inner with inner a multiple of 16");
+    std::vector<int64_t> shape = x.shape;
+    const int64_t inner = shape.back() / 2;
+    shape.back() = inner;
+    int64_t rows = 1;
+    for (size_t i = 0; i + 1 < shape.size(); ++i) rows *= shape[i];
+    float* out = nullptr;
+    if (OrtStatus* status = output(context, 0, shape, &out)) return status;
+    SwiGLURows work{x.data, out, inner, isa->swiglu};
+    if (rows == 1) {
+      swiglu_row(&work, 0);
+      return nullptr;
+    }
+    return g_api->KernelContext_ParallelFor(context, swiglu_row, static_cast<size_t>(rows), 0, &work);
+  }
+};
+
+struct SwiGLUOp : Ort::CustomOpBase<SwiGLUOp, SwiGLUKernel, true> {
+  OrtStatusPtr CreateKernelV2(const OrtApi&, const OrtKernelInfo*, void** kernel) const {
+    auto* made = new SwiGLUKernel();
+    const std::string error = choose_isa(&made->isa);
+    if (!error.empty()) {
+      delete made;
+      return fail(kSwiGLUName, error);
+    }
+    *kernel = made;
+    return nullptr;
+  }
+  const char* GetName() const { return kSwiGLUName; }
+  size_t GetInputTypeCount() const { return 1; }
+  ONNXTensorElementDataType GetInputType(size_t) const { return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT; }
+  size_t GetOutputTypeCount() const { return 1; }
   ONNXTensorElementDataType GetOutputType(size_t) const { return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT; }
 };
 
@@ -294,11 +373,13 @@ OrtStatus* ORT_API_CALL RegisterCustomOps(OrtSessionOptions* options, const OrtA
   Ort::InitApi(api);
   // One operator and one domain for the process, shared by every session: sessions keep pointers
   // to both, so they live as long as the library.
-  static specrt::SpecAttentionOp op;
+  static specrt::SpecAttentionOp attention;
+  static specrt::SwiGLUOp swiglu;
   static OrtCustomOpDomain* domain = nullptr;
   static OrtStatus* made = [&]() -> OrtStatus* {
     if (OrtStatus* status = api->CreateCustomOpDomain(specrt::kDomain, &domain)) return status;
-    return api->CustomOpDomain_Add(domain, &op);
+    if (OrtStatus* status = api->CustomOpDomain_Add(domain, &attention)) return status;
+    return api->CustomOpDomain_Add(domain, &swiglu);
   }();
   if (made) return api->CreateStatus(api->GetErrorCode(made), api->GetErrorMessage(made));
   return api->AddCustomOpDomain(options, domain);

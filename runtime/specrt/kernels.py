@@ -2,6 +2,7 @@
 
     SpecAttention (domain ai.specrt, version 1)   a decoder layer's whole attention, exact by
                                                   construction (docs/kernels.md)
+    SwiGLU (ai.specrt, 1)                         an MLP's silu(gate) * up on its packed rows
 
 ``pip install .`` compiles the library into this package as ``_kernels*.so``. Every session specrt
 makes registers it (:func:`register`), so a graph that uses its operators loads like any other; a
@@ -21,6 +22,7 @@ from .errors import ArtifactError
 DOMAIN = "ai.specrt"
 OPSET = 1
 ATTENTION_OP = "SpecAttention"
+SWIGLU_OP = "SwiGLU"
 HEAD_DIM_MULTIPLE = 16  # SpecAttention's head_dim: a multiple of 16 (one canonical 16-lane vector) ...
 MAX_HEAD_DIM = 1024  # ... up to this
 _INSTALL_HINT = (
