@@ -39,7 +39,7 @@ def rows(root: Path) -> list[dict[str, str]]:
         except ArtifactError as e:
             out.append({"artifact": str(folder), "size": "-", "checks": "-", "lossless": f"BROKEN: {e}"})
             continue
-        checks = []
+        checks = [f"attention {manifest.attention}"]
         parity = manifest.checks.get("parity")
         if parity:
             max_diff = parity.get("chain", {}).get("max_abs_diff", float("nan"))
