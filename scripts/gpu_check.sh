@@ -8,7 +8,8 @@
 #      wheels come from WHEELS_DIR when it has them, else from the package registry
 #   2. the CUDA/cuDNN libraries of the nvidia-* wheels on LD_LIBRARY_PATH; a CUDA session must start
 #   3. tests/test_backend_device.py: the device cache on the CPU EP and, the point, on the CUDA EP
-#   4. scripts/gpu_bench.py: baseline vs pld (chain, tree) on a tiny artifact: cuda, cuda+host, cpu
+#   4. scripts/gpu_bench.py: baseline vs pld (chain, tree) on a tiny portable artifact (the CUDA
+#      provider cannot run SpecAttention): cuda, cuda+host, cpu
 #
 # Results under $OUT (default ./gpu_check_out): gpu_check.log, nvidia-smi.txt, pip-freeze.txt,
 # onnxruntime.txt, junit-device.xml, bench.json. Exit status: 0 only if the CUDA tests ran and
@@ -120,12 +121,12 @@ EOF
 step "benchmark: baseline vs pld on cuda (device cache), cuda+host (numpy cache) and cpu"
 ARTIFACT="${SPECRT_BENCH_ARTIFACT:-}"
 if [ -z "$ARTIFACT" ]; then
-    ARTIFACT="$(ls -d "$WORK"/pytest/tiny-qwen2*/fp32 2> /dev/null | head -n 1 || true)"
+    ARTIFACT="$(ls -d "$WORK"/pytest/tiny-portable-qwen2*/fp32 2> /dev/null | head -n 1 || true)"
 fi
 if [ -z "$ARTIFACT" ]; then  # the tests did not leave one: build it
     ARTIFACT="$WORK/tiny/qwen2/fp32"
     timeout 120 python -c "import sys; from pathlib import Path; from tests.tiny import build_tiny_artifact; \
-build_tiny_artifact('qwen2', Path(sys.argv[1]))" "$ARTIFACT" || status=1
+build_tiny_artifact('qwen2', Path(sys.argv[1]), attention='portable')" "$ARTIFACT" || status=1
 fi
 timeout 150 python scripts/gpu_bench.py --artifact "$ARTIFACT" --providers cuda cuda+host cpu --max-new-tokens 64 \
     --rounds 3 --out "$OUT/bench.json" || status=1

@@ -34,8 +34,9 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
-def folder(tiny_artifact):
-    return tiny_artifact[0]
+def folder(portable_artifact):
+    # the portable export: the CUDA provider cannot run SpecAttention, specrt's CPU kernel
+    return portable_artifact[0]
 
 
 @pytest.fixture(scope="module")
@@ -54,6 +55,15 @@ def decoders(folder, provider="cpu"):
     host = OrtDecoder(folder / manifest.decoder, manifest.dims)
     device = OrtDecoder(folder / manifest.decoder, manifest.dims, provider=provider, device_cache=True)
     return host, device
+
+
+def test_the_spec_attention_graph_runs_the_device_code_path_on_the_cpu(tiny_artifact):
+    host = specrt.load(tiny_artifact[0])
+    device = specrt.load(tiny_artifact[0], device_cache=True)
+    assert host.graph.attention == device.graph.attention == "specrt"
+    for prompt in PROMPTS[:3]:
+        want = host.generate(prompt, method="pld", tree=True, max_new_tokens=24)
+        assert device.generate(prompt, method="pld", tree=True, max_new_tokens=24).token_ids == want.token_ids
 
 
 # ---------------------------------------------------------------------------------------------

@@ -99,13 +99,18 @@ def make_session(path: Path, provider: str, threads: int | None) -> ort.Inferenc
             "loadable? (pip install 'onnxruntime-gpu[cuda,cudnn]' and call onnxruntime.preload_dlls() before "
             "loading, or put their lib folders on LD_LIBRARY_PATH)"
         )
-    attention = session.get_modelmeta().custom_metadata_map.get(contract.ATTENTION_METADATA, "portable")
-    if attention == "specrt" and provider != "cpu":
+    if graph_attention(session) == "specrt" and provider != "cpu":
         raise InvalidRequestError(
             f"{path}: this decoder's attention is specrt's CPU kernel (SpecAttention), which the {name} cannot "
             "run; export the model with export.attention: portable (params.yaml) for this provider"
         )
     return session
+
+
+def graph_attention(session: ort.InferenceSession) -> str:
+    """The loaded graph's attention: "specrt" (SpecAttention nodes) or "portable" (contract.ATTENTION_METADATA;
+    graphs exported before the key existed are portable)."""
+    return session.get_modelmeta().custom_metadata_map.get(contract.ATTENTION_METADATA, "portable")
 
 
 class DecoderSession:
@@ -132,8 +137,7 @@ class DecoderSession:
         self.dims = dims
         self.provider = provider
         self.session = make_session(path, provider, threads)
-        # "specrt" (SpecAttention nodes) or "portable"; contract.ATTENTION_METADATA
-        self.attention = self.session.get_modelmeta().custom_metadata_map.get(contract.ATTENTION_METADATA, "portable")
+        self.attention = graph_attention(self.session)
         # cache slots a branching verify window must stay within (specrt.tree.fit_window); None: any
         self.key_block = None if self.attention == "specrt" else KEY_BLOCK
         self.device = DEVICES[provider] if device_cache else None  # None: host numpy caches
