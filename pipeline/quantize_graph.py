@@ -4,6 +4,9 @@
                       ──body MatMuls──────► MatMulNBits(bits, block_size)      (int4 / int8)
                       ──lm_head───────────► MatMulNBits(lm_head_bits) | fp32
                       ──embedding Gather──► GatherBlockQuantized(embedding_bits) | fp32
+    or, for ``method: specrt_q4``: every constant-weight MatMul (and the lm_head) -> specrt's MatMulQ4
+    (runtime/kernels/matmul_q4.h): 4-bit blocks of 32, int8 activations, integer block sums, the same
+    bits for a row in any window on every CPU (pipeline/q4_pack.py packs the weights);
     or, for ``method: dynamic``: every constant-weight MatMul -> MatMulInteger (quantize_dynamic);
     or, for ``method: w8a8``: every constant-weight MatMul -> per-token int8 activations x per-channel
     int8 weights, MatMulInteger (pipeline/w8a8.py): integer sums, so a row never depends on the window.
@@ -26,7 +29,7 @@ from onnx import external_data_helper, numpy_helper
 
 log = logging.getLogger(__name__)
 
-METHODS = ("matmul_nbits", "dynamic", "w8a8")
+METHODS = ("matmul_nbits", "specrt_q4", "dynamic", "w8a8")
 ONNX_IR_VERSION = 10  # onnxruntime 1.32 reads IR <= 13; the export writes 10
 
 
@@ -34,10 +37,12 @@ ONNX_IR_VERSION = 10  # onnxruntime 1.32 reads IR <= 13; the export writes 10
 class QuantConfig:
     """One variant's settings (``params.yaml: quantize.variants.<name>``)."""
 
-    method: str  # "matmul_nbits" (weight-only MatMulNBits), "dynamic" (quantize_dynamic) or "w8a8" (pipeline/w8a8.py)
-    bits: int = 4  # body MatMuls (matmul_nbits)
-    block_size: int = 32  # weights per scale along K (matmul_nbits)
-    symmetric: bool = True  # no zero points (matmul_nbits)
+    # "matmul_nbits" (onnxruntime's weight-only MatMulNBits), "specrt_q4" (specrt's MatMulQ4, exact by
+    # construction; CPU provider), "dynamic" (quantize_dynamic) or "w8a8" (pipeline/w8a8.py)
+    method: str
+    bits: int = 4  # body MatMuls (matmul_nbits, specrt_q4)
+    block_size: int = 32  # weights per scale along K (matmul_nbits; specrt_q4: 32)
+    symmetric: bool = True  # no zero points (matmul_nbits; specrt_q4: true)
     accuracy_level: int = 0  # MatMulNBits compute type: 0 = fp32 activations, 4 = int8 activations
     lm_head_bits: int | None = 8  # None keeps the lm_head fp32
     embedding_bits: int | None = None  # 4: GatherBlockQuantized; None keeps the embedding Gather fp32
@@ -56,6 +61,11 @@ class QuantConfig:
             raise ValueError(f"quantize block_size must be a power of two >= 16, got {self.block_size}")
         if self.accuracy_level not in (0, 1, 2, 3, 4):
             raise ValueError(f"quantize accuracy_level must be 0..4, got {self.accuracy_level}")
+        if self.method == "specrt_q4" and (self.bits != 4 or self.block_size != 32 or not self.symmetric
+                                           or self.lm_head_bits not in (4, None)):
+            raise ValueError("quantize method 'specrt_q4' is 4-bit symmetric blocks of 32: bits 4, block_size 32, "
+                             f"symmetric true, lm_head_bits 4 or null (got bits {self.bits}, block_size "
+                             f"{self.block_size}, symmetric {self.symmetric}, lm_head_bits {self.lm_head_bits})")
         int8_only = self.method in ("dynamic", "w8a8")
         if int8_only and (self.bits != 8 or self.lm_head_bits not in (8, None) or self.embedding_bits):
             raise ValueError(f"quantize method {self.method!r} is int8 MatMuls only: bits 8, lm_head_bits 8 or "
@@ -128,10 +138,10 @@ def quantize_model(model: onnx.ModelProto, config: QuantConfig) -> onnx.ModelPro
         return quantize_w8a8(model, exclude=[] if config.lm_head_bits is not None else [head],
                              reduce_range=config.reduce_range)
     matmuls = [n.name for n in model.graph.node if n.op_type == "MatMul"]
-    model = _weight_only(model, config.bits, config, exclude=[head], op_types=("MatMul",))
-    if config.lm_head_bits is not None:
-        others = [n.name for n in model.graph.node if n.op_type == "MatMul" and n.name != head]
-        model = _weight_only(model, config.lm_head_bits, config, exclude=others, op_types=("MatMul",))
+    if config.method == "specrt_q4":
+        _specrt_q4(model, exclude=[] if config.lm_head_bits is not None else [head])
+    else:
+        model = _body_and_head_nbits(model, config, head)
     if config.embedding_bits is not None:
         model = _weight_only(model, config.embedding_bits, config, exclude=[], op_types=("Gather",))
     left = [n.name for n in model.graph.node if n.op_type == "MatMul" and n.name in matmuls]
@@ -139,6 +149,46 @@ def quantize_model(model: onnx.ModelProto, config: QuantConfig) -> onnx.ModelPro
              len(matmuls) - len(left), "fp32" if config.lm_head_bits is None else f"{config.lm_head_bits}-bit",
              len(left))
     return model
+
+
+def _body_and_head_nbits(model: onnx.ModelProto, config: QuantConfig, head: str) -> onnx.ModelProto:
+    model = _weight_only(model, config.bits, config, exclude=[head], op_types=("MatMul",))
+    if config.lm_head_bits is not None:
+        others = [n.name for n in model.graph.node if n.op_type == "MatMul" and n.name != head]
+        model = _weight_only(model, config.lm_head_bits, config, exclude=others, op_types=("MatMul",))
+    return model
+
+
+def _specrt_q4(model: onnx.ModelProto, exclude: list[str]) -> None:
+    """Replace, in place, each MatMul with a constant [K, N] weight (K a multiple of 32) by MatMulQ4."""
+    from specrt import kernels
+
+    from .q4_pack import BLOCK, pack_q4, quantize_q4
+
+    graph = model.graph
+    inits = {i.name: i for i in graph.initializer}
+    users: dict[str, int] = {}
+    for node in graph.node:
+        for name in node.input:
+            users[name] = users.get(name, 0) + 1
+    for index, node in enumerate(list(graph.node)):
+        weight = inits.get(node.input[1]) if node.op_type == "MatMul" and node.name not in exclude else None
+        if weight is None or len(weight.dims) != 2 or weight.dims[0] % BLOCK:
+            continue
+        k, n = weight.dims
+        packed, scales = pack_q4(*quantize_q4(numpy_helper.to_array(weight, base_dir="")))
+        stem = node.input[1]
+        graph.initializer.extend([numpy_helper.from_array(packed, f"{stem}.q4"),
+                                  numpy_helper.from_array(scales, f"{stem}.q4_scales")])
+        replacement = onnx.helper.make_node(kernels.MATMUL_Q4_OP, [node.input[0], f"{stem}.q4", f"{stem}.q4_scales"],
+                                            list(node.output), name=node.name, domain=kernels.DOMAIN, K=k, N=n)
+        graph.node.remove(node)
+        graph.node.insert(index, replacement)
+        users[stem] -= 1
+        if not users[stem]:
+            graph.initializer.remove(inits.pop(stem))
+    if not any(o.domain == kernels.DOMAIN for o in model.opset_import):
+        model.opset_import.append(onnx.helper.make_opsetid(kernels.DOMAIN, kernels.OPSET))
 
 
 def _dynamic(model: onnx.ModelProto, config: QuantConfig, head: str) -> onnx.ModelProto:

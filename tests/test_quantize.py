@@ -16,7 +16,8 @@ from specrt.backend import OrtDecoder
 from tests.tiny import PROMPTS, specbench_questions
 
 GATE = {"new_tokens": 16, "widths": [4], "prefill_chunk": 16}
-INT4 = QuantConfig(method="matmul_nbits", bits=4, block_size=32, accuracy_level=4, lm_head_bits=4, embedding_bits=4)
+INT4 = QuantConfig(method="specrt_q4", bits=4, block_size=32, lm_head_bits=4, embedding_bits=4)  # params.yaml's int4
+NBITS = QuantConfig(method="matmul_nbits", bits=4, block_size=32, accuracy_level=4, lm_head_bits=4, embedding_bits=4)
 
 
 @pytest.fixture(scope="module")
@@ -39,7 +40,7 @@ def test_int4_artifact_is_smaller_loads_and_records_its_checks(int4, tiny_artifa
     assert 0.5 < report["top1_agreement"] <= 1.0 and report["mean_kl"] >= 0
     graph = onnx.load(out / model.manifest.decoder, load_external_data=False).graph
     ops = {n.op_type for n in graph.node}
-    assert "MatMulNBits" in ops and "GatherBlockQuantized" in ops
+    assert "MatMulQ4" in ops and "GatherBlockQuantized" in ops and "MatMulNBits" not in ops
     assert not [n for n in graph.node if n.op_type == "MatMul" and any(i.endswith("weight") for i in n.input)]
 
 
@@ -110,6 +111,35 @@ def test_gate_flags_a_kernel_that_answers_differently_in_windows(tiny_artifact):
 def test_bad_quantize_settings_name_the_field(field, value, message):
     with pytest.raises(ValueError, match=message):
         QuantConfig(**{"method": "matmul_nbits", field: value})
+
+
+@pytest.mark.parametrize("field, value", [("bits", 8), ("block_size", 64), ("symmetric", False), ("lm_head_bits", 8)])
+def test_specrt_q4_refuses_settings_its_kernel_does_not_compute(field, value):
+    with pytest.raises(ValueError, match=rf"'specrt_q4' is 4-bit symmetric blocks of 32: .*{field} {value}"):
+        QuantConfig(**{"method": "specrt_q4", field: value})
+
+
+def test_int4_is_exact_on_this_cpu(tiny_artifact, tmp_path):
+    # MatMulQ4 and SpecAttention give a row the same bits in any window on every CPU: the gate finds
+    # no difference at all, chains and trees of 4 and 8, windows crossing slot 128 of a long prompt
+    src = tiny_artifact[0]
+    model = specrt.load(src)
+    long = np.concatenate([model.encode(p) for p in PROMPTS * 4])[:118]
+    prompts = [model.encode(p) for p in PROMPTS[:3]] + [long]
+    report = quantize_artifact(src, tmp_path / "int4", "int4", INT4, prompts, {**GATE, "widths": [4, 8]},
+                               bench_steps=2)
+    gate = specrt.load(tmp_path / "int4").manifest.checks["gate"]
+    assert report["spec_safe"] and gate["disagreements"] == 0 and gate["max_logit_diff"] == 0.0, gate["modes"]
+    assert report["quantization"]["method"] == "specrt_q4"
+
+
+def test_a_portable_graph_gets_matmul_nbits_for_int4(portable_artifact, tmp_path):
+    src = portable_artifact[0]
+    prompts = [specrt.load(src).encode(PROMPTS[0])]
+    portable = quantize_artifact(src, tmp_path / "int4-portable", "int4", INT4, prompts, GATE, bench_steps=1)
+    assert portable["quantization"]["method"] == "matmul_nbits"
+    graph = onnx.load(tmp_path / "int4-portable" / "decoder.onnx", load_external_data=False).graph
+    assert "MatMulNBits" in {n.op_type for n in graph.node} and "MatMulQ4" not in {n.op_type for n in graph.node}
 
 
 @pytest.mark.parametrize("spec_safe, diverged, code", [(True, False, 0), (True, True, 1), (False, True, 0)])
@@ -203,8 +233,8 @@ def test_level4_int4_gate_measures_what_the_cpu_kernels_do(tiny_artifact, tmp_pa
     long = np.concatenate([model.encode(p) for p in PROMPTS * 4])[:118]
     assert len(long) == 118
     prompts = [model.encode(p) for p in PROMPTS[:3]] + [long]
-    assert INT4.accuracy_level == 4
-    report = quantize_artifact(src, tmp_path / "int4", "int4", INT4, prompts, {**GATE, "widths": [4, 8]},
+    assert NBITS.accuracy_level == 4
+    report = quantize_artifact(src, tmp_path / "int4", "int4", NBITS, prompts, {**GATE, "widths": [4, 8]},
                                bench_steps=2)
     gate = specrt.load(tmp_path / "int4").manifest.checks["gate"]
     assert gate["positions"] > 0 and report["spec_safe"] == (gate["disagreements"] == 0)

@@ -3,6 +3,8 @@
     SpecAttention (domain ai.specrt, version 1)   a decoder layer's whole attention, exact by
                                                   construction (docs/kernels.md)
     SwiGLU (ai.specrt, 1)                         an MLP's silu(gate) * up on its packed rows
+    MatMulQ4 (ai.specrt, 1)                       x W for 4-bit W (blocks of 32, int8 activations),
+                                                  a row's bits independent of the window
 
 ``pip install .`` compiles the library into this package as ``_kernels*.so``. Every session specrt
 makes registers it (:func:`register`), so a graph that uses its operators loads like any other; a
@@ -23,6 +25,7 @@ DOMAIN = "ai.specrt"
 OPSET = 1
 ATTENTION_OP = "SpecAttention"
 SWIGLU_OP = "SwiGLU"
+MATMUL_Q4_OP = "MatMulQ4"
 HEAD_DIM_MULTIPLE = 16  # SpecAttention's head_dim: a multiple of 16 (one canonical 16-lane vector) ...
 MAX_HEAD_DIM = 1024  # ... up to this
 _INSTALL_HINT = (
@@ -106,7 +109,7 @@ def explain_load_error(path: Path, error: Exception) -> str | None:
     """A message naming the fix when onnxruntime failed to load ``path`` for want of this library's
     operators, else None."""
     text = str(error)
-    if DOMAIN not in text and ATTENTION_OP not in text:
+    if DOMAIN not in text and not any(op in text for op in (ATTENTION_OP, SWIGLU_OP, MATMUL_Q4_OP)):
         return None
     try:
         require()

@@ -1,0 +1,34 @@
+// MatMulQ4 for AVX-512 with VNNI: vpdpbusd sums the u8 x s8 products of a block straight into 32
+// bits. Integer sums are exact, so the dot products, hence the outputs, equal matmul_q4_avx512.cc's.
+// Activations are quantized by avx512::quantize_rows.
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#if defined(__x86_64__) || defined(__i386__)  // the whole unit: x86 only
+#include <immintrin.h>
+
+#include "matmul_q4.h"
+
+#pragma GCC target("avx512f,avx512bw,avx512vnni,avx2,fma")  // after the headers: only the code below is built for it
+
+namespace specrt::avx512vnni {
+namespace {
+
+int32_t load32(const int8_t* p) {
+  int32_t v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+
+__m512i block_dots(const __m512i* wq, const int8_t* a) {
+  __m512i s = _mm512_setzero_si512();
+  for (int j = 0; j < 8; ++j) s = _mm512_dpbusd_epi32(s, wq[j], _mm512_set1_epi32(load32(a + 4 * j)));
+  return s;
+}
+
+}  // namespace
+
+#include "matmul_q4_avx512.inc"
+
+}  // namespace specrt::avx512vnni
+#endif

@@ -1,0 +1,133 @@
+// MatMulQ4 (domain ai.specrt, version 1): y = x W with W 4-bit in blocks of 32 along K, in the
+// packed layout of matmul_q4.h, activations quantized to int8 per row and block.
+//
+//   x [..., K] float ─┐
+//   packed [ceil(N/16), K/32, 256] uint8 ─┼─► y [..., N] float        attributes K, N
+//   scales [ceil(N/16), K/32, 16] float ──┘
+//
+// Exact by construction: a row's output is computed by the same code in the same order whatever
+// the number of rows beside it, the split of tiles over onnxruntime's threads and the instruction
+// set, so a verify window's rows equal single steps bit for bit on every CPU. The rows of one call
+// share each block's weight load and unpack.
+#include <string>
+#include <vector>
+
+#include "ort_glue.h"
+
+namespace specrt {
+namespace {
+
+constexpr const char* kOpName = "MatMulQ4";
+
+OrtStatus* fail(const std::string& message) { return specrt::fail(kOpName, message); }
+
+struct Rows {
+  const float* x;
+  int64_t k;
+  QuantizedRows out;
+  QuantizeRowsFn quantize;
+};
+
+void quantize_row(void* user, size_t row) {
+  const Rows& rows = *static_cast<const Rows*>(user);
+  rows.quantize(rows.x, rows.k, static_cast<int64_t>(row), static_cast<int64_t>(row) + 1, rows.out);
+}
+
+struct Tiles {
+  const Q4Weights* w;
+  const QuantizedRows* rows;
+  int64_t m;
+  float* y;
+  MatMulQ4Fn matmul;
+};
+
+void run_tile(void* user, size_t tile) {
+  const Tiles& work = *static_cast<const Tiles*>(user);
+  thread_local std::vector<float> acc;  // per worker thread; grows to the most rows seen
+  acc.resize(static_cast<size_t>(work.m * kQ4Tile));
+  work.matmul(*work.w, *work.rows, work.m, static_cast<int64_t>(tile), static_cast<int64_t>(tile) + 1, acc.data(),
+              work.y);
+}
+
+struct MatMulQ4Kernel {
+  int64_t k = 0, n = 0;
+  const Isa* isa = nullptr;
+
+  OrtStatusPtr ComputeV2(OrtKernelContext* context) const {
+    Tensor x, packed, scales;
+    if (OrtStatus* status = read_input(context, 0, kOpName, "x", ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT, &x)) return status;
+    if (OrtStatus* status = read_input(context, 1, kOpName, "packed", ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8, &packed))
+      return status;
+    if (OrtStatus* status = read_input(context, 2, kOpName, "scales", ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT, &scales))
+      return status;
+    if (x.shape.empty() || x.shape.back() != k)
+      return fail("x has shape " + shape_text(x.shape) + ", expected [..., K] with K=" + std::to_string(k));
+    const int64_t tiles = (n + kQ4Tile - 1) / kQ4Tile, blocks = k / kQ4Block;
+    if (packed.shape != std::vector<int64_t>{tiles, blocks, kQ4TileBytes})
+      return fail("packed has shape " + shape_text(packed.shape) + ", expected " +
+                  shape_text({tiles, blocks, kQ4TileBytes}) + " for K=" + std::to_string(k) + ", N=" + std::to_string(n));
+    if (scales.shape != std::vector<int64_t>{tiles, blocks, kQ4Tile})
+      return fail("scales has shape " + shape_text(scales.shape) + ", expected " + shape_text({tiles, blocks, kQ4Tile}));
+    std::vector<int64_t> shape = x.shape;
+    shape.back() = n;
+    float* y = nullptr;
+    if (OrtStatus* status = output(context, 0, shape, &y)) return status;
+    const int64_t m = x.elements() / k;
+    if (m == 0) return nullptr;
+
+    thread_local std::vector<int8_t> xq;  // per calling thread; grows to the largest pass seen
+    thread_local std::vector<float> dx;
+    thread_local std::vector<int32_t> offset;
+    xq.resize(static_cast<size_t>(m * k));
+    dx.resize(static_cast<size_t>(m * blocks));
+    offset.resize(static_cast<size_t>(m * blocks));
+    const QuantizedRows rows{xq.data(), dx.data(), offset.data()};
+    Rows quantize{static_cast<const float*>(x.data), k, rows, isa->quantize_rows};
+    if (m < 4) {
+      isa->quantize_rows(quantize.x, k, 0, m, rows);
+    } else if (OrtStatus* status = api().KernelContext_ParallelFor(context, quantize_row, static_cast<size_t>(m), 0,
+                                                                   &quantize)) {
+      return status;
+    }
+    const Q4Weights w{k, n, static_cast<const uint8_t*>(packed.data), static_cast<const float*>(scales.data)};
+    Tiles work{&w, &rows, m, y, isa->matmul_q4};
+    return api().KernelContext_ParallelFor(context, run_tile, static_cast<size_t>(tiles), 0, &work);
+  }
+};
+
+struct MatMulQ4Op : Ort::CustomOpBase<MatMulQ4Op, MatMulQ4Kernel, true> {
+  OrtStatusPtr CreateKernelV2(const OrtApi& ort, const OrtKernelInfo* info, void** kernel) const {
+    auto* made = new MatMulQ4Kernel();
+    OrtStatus* status = ort.KernelInfoGetAttribute_int64(info, "K", &made->k);
+    if (!status) status = ort.KernelInfoGetAttribute_int64(info, "N", &made->n);
+    if (!status && (made->k < kQ4Block || made->k % kQ4Block || made->n < 1))
+      status = fail("K=" + std::to_string(made->k) + ", N=" + std::to_string(made->n) +
+                    ": expected K a positive multiple of 32 and N positive");
+    if (!status) {
+      const std::string error = choose_isa(&made->isa);
+      if (!error.empty()) status = fail(error);
+    }
+    if (status) {
+      delete made;
+      return status;
+    }
+    *kernel = made;
+    return nullptr;
+  }
+  const char* GetName() const { return kOpName; }
+  size_t GetInputTypeCount() const { return 3; }
+  ONNXTensorElementDataType GetInputType(size_t index) const {
+    return index == 1 ? ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8 : ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
+  }
+  size_t GetOutputTypeCount() const { return 1; }
+  ONNXTensorElementDataType GetOutputType(size_t) const { return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT; }
+};
+
+}  // namespace
+
+const OrtCustomOp* matmul_q4_op() {
+  static MatMulQ4Op op;
+  return &op;
+}
+
+}  // namespace specrt
