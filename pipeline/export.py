@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import onnx
 import torch
 import yaml
 from transformers import AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
@@ -29,12 +30,12 @@ from transformers import AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 from specrt import contract
 from specrt.backend import OrtDecoder
 from specrt.manifest import MANIFEST_NAME, ChatTemplate, Manifest, file_entry
+from specrt.spec_gate import gate_from_params
 
 from .atomic import staged_dir, write_text_atomic
 from .checkpoint import load_causal_lm
 from .decoder_graph import export_onnx, model_dims
 from .parity import check_parity
-from .spec_gate import gate_from_params
 from .specbench import calibration_prompts
 
 log = logging.getLogger(__name__)
@@ -47,6 +48,11 @@ _CHAT_SLOT = "\u2063PROMPT\u2063"  # an invisible separator that no template con
 
 class ParityError(RuntimeError):
     pass
+
+
+def graph_op_types(path: Path) -> set[str]:
+    """The operator types of the ONNX graph at ``path`` (its weights are not read)."""
+    return {node.op_type for node in onnx.load(path, load_external_data=False).graph.node}
 
 
 def producer_versions() -> dict[str, str]:
@@ -152,7 +158,7 @@ def _write_artifact(
     gate_prompts: list[np.ndarray] | None = None,
     gate: dict[str, Any] | None = None,
 ) -> Manifest:
-    """Export, copy the tokenizer, check parity and run the spec-safety gate (pipeline.spec_gate)
+    """Export, copy the tokenizer, check parity and run the spec-safety gate (specrt.spec_gate)
     into the empty folder ``out``, then write the manifest, or ``parity_failed.json`` instead when
     parity is off (``checks["parity"]["ok"]``). The gate runs on ``gate_prompts`` with ``gate``
     settings (params.yaml: gate); by default on the first half of ``check_ids``, briefly."""
@@ -174,6 +180,7 @@ def _write_artifact(
         decoder,
         gate_prompts or [check_ids[: max(len(check_ids) // 2, 1)]],
         gate or {"new_tokens": 16, "widths": [4], "prefill_chunk": prefill_chunk},
+        op_types=graph_op_types(out / DECODER_FILE),
     )
     log.info("gate: spec_safe=%s, %d disagreements in %d positions", gate_report["spec_safe"],
              gate_report["disagreements"], gate_report["positions"])

@@ -6,6 +6,9 @@
 Symmetric blocks of 32 along K, one scale per column and block: the weight of largest magnitude m
 maps to code -8 (scale = m / -8), the others to round(w / scale) clipped to -8..7, so the 16 codes
 span the block's range with the extreme exactly representable (the Q4_0 rule of llama.cpp's GGUF).
+Halves round up (toward code 7), as onnxruntime's quantizer does: weights that come from a GGUF
+file sit on a coarser grid, and about a quarter of them land exactly on a half; rounding those to
+even made Qwen2.5-Coder-0.5B's o_proj outputs 30% less accurate (docs/kernels.md).
 """
 
 from __future__ import annotations
@@ -27,7 +30,8 @@ def quantize_q4(weight: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     extreme = np.take_along_axis(blocks, np.abs(blocks).argmax(axis=1)[:, None, :], axis=1)[:, 0, :]  # [Kb, N]
     scales = (extreme / np.float32(-8)).astype(np.float32)
     safe = np.where(scales == 0, np.float32(1), scales)
-    codes = np.clip(np.rint(blocks / safe[:, None, :]), -8, 7).astype(np.int8)
+    shifted = blocks / safe[:, None, :] + np.float32(8)  # 0 .. 16
+    codes = (np.clip(np.floor(shifted + np.float32(0.5)), 0, 15) - 8).astype(np.int8)
     codes[np.broadcast_to(scales[:, None, :] == 0, codes.shape)] = 0
     return codes.reshape(k, n), scales
 

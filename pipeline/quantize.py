@@ -4,7 +4,7 @@
         --prompts ../shared/data/specbench/question.jsonl --params params.yaml --report artifacts/M/int4.json
 
 1. quantize the decoder graph (``params.yaml: quantize.variants.<variant>``, see quantize_graph);
-2. the spec-safety gate (pipeline.spec_gate) on Spec-Bench calibration prompts: the manifest's
+2. the spec-safety gate (specrt.spec_gate) on Spec-Bench calibration prompts: the manifest's
    ``spec_safe`` is its verdict, and the runtime warns when a user speculates on an unsafe variant;
 3. fidelity against the fp32 source (top-1 agreement, KL; pipeline.fidelity);
 4. a short side-by-side decode benchmark, fp32 vs variant (a benchmark: the stage does not fail on it).
@@ -27,15 +27,16 @@ import numpy as np
 import yaml
 from tokenizers import Tokenizer
 
+from specrt import spec_gate
 from specrt.backend import OrtDecoder
 from specrt.engine import prefill
 from specrt.manifest import MANIFEST_NAME, Manifest, file_entry, read_manifest
 from specrt.model import load
 from specrt.tree import causal_bias
 
-from . import fidelity, spec_gate
+from . import fidelity
 from .atomic import staged_dir, write_text_atomic
-from .export import producer_versions
+from .export import graph_op_types, producer_versions
 from .quantize_graph import QuantConfig, load_model, quantize_model, save_model
 from .specbench import calibration_prompts
 
@@ -97,7 +98,8 @@ def quantize_artifact(
     with staged_dir(out) as stage:
         manifest = build_variant(src, source.manifest, stage, variant, config)
         decoder = OrtDecoder(stage / manifest.decoder, manifest.dims, threads=threads)
-        gate = spec_gate.gate_from_params(decoder, prompts, gate_params)
+        gate = spec_gate.gate_from_params(decoder, prompts, gate_params,
+                                          op_types=graph_op_types(stage / manifest.decoder))
         log.info("gate: spec_safe=%s, %d disagreements in %d positions", gate["spec_safe"],
                  gate["disagreements"], gate["positions"])
         reference = OrtDecoder.on(source.graph)

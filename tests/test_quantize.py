@@ -11,8 +11,8 @@ import specrt
 from pipeline.lossless import compare_methods
 from pipeline.quantize import quantize_artifact
 from pipeline.quantize_graph import QuantConfig, fold_tied_lm_head, lm_head_node, quantize_model
-from pipeline.spec_gate import reference_run, run_gate
 from specrt.backend import OrtDecoder
+from specrt.spec_gate import reference_run, run_gate
 from tests.tiny import PROMPTS, specbench_questions
 
 GATE = {"new_tokens": 16, "widths": [4], "prefill_chunk": 16}
@@ -131,6 +131,7 @@ def test_int4_is_exact_on_this_cpu(tiny_artifact, tmp_path):
     gate = specrt.load(tmp_path / "int4").manifest.checks["gate"]
     assert report["spec_safe"] and gate["disagreements"] == 0 and gate["max_logit_diff"] == 0.0, gate["modes"]
     assert report["quantization"]["method"] == "specrt_q4"
+    assert gate["basis"]["exactness"] == "by_construction" and gate["basis"]["row_dependent_ops"] == []
 
 
 def test_a_portable_graph_gets_matmul_nbits_for_int4(portable_artifact, tmp_path):

@@ -183,8 +183,9 @@ def test_a_tree_row_equals_the_chain_row_on_its_path():
 
 
 def isas() -> list[str]:
+    """The instruction sets this CPU can run the kernels with, scalar first."""
     have = []
-    for isa in ("scalar", "avx2", "avx512"):
+    for isa in ("scalar", "avx2", "avx512", "avx512vnni"):
         with pytest.MonkeyPatch.context() as mp:
             mp.setenv("SPECRT_KERNEL_ISA", isa)
             if kernels.describe()["isa"] == isa:

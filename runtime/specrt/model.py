@@ -27,6 +27,7 @@ works on the shared state, so run it when no request of its method is in flight.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import threading
 import weakref
@@ -51,6 +52,7 @@ from .errors import ArtifactError, InvalidRequestError, check_int, check_number
 from .manifest import Manifest, read_manifest
 from .prefix_cache import PrefixCache
 from .sampling import SamplingParams
+from .verdict import SELF_CHECK_PROMPTS, Verdict, covers, self_check
 
 log = logging.getLogger(__name__)
 
@@ -166,6 +168,7 @@ class SpecModel:
         self._factory_lock = threading.Lock()  # one drafter factory at a time (they may load a datastore)
         self._idle: list[OrtDecoder] = []  # a KV cache no request uses
         self._warned_unsafe = False
+        self._verdict: Verdict | None = None  # spec_safety(), decided before the first speculative request
         try:
             self.tokenizer = Tokenizer.from_file(str(folder / manifest.tokenizer))
         except Exception as e:  # the tokenizers library raises a bare Exception on bad JSON
@@ -243,7 +246,7 @@ class SpecModel:
             seed=seed,
             backoff=self._default_backoff(method, seed, greedy=temperature == 0) if backoff is None else backoff,
         )
-        if not self.manifest.spec_safe and method != "baseline" and not isinstance(method, NoDraft):
+        if method != "baseline" and not isinstance(method, NoDraft) and not self.spec_safety().spec_safe:
             self._warn_unsafe()
 
         lease = self._borrow(method if isinstance(method, str) else None)
@@ -310,15 +313,38 @@ class SpecModel:
             lock = None
         return _Lease(self, decoder, lock)
 
+    def spec_safety(self) -> Verdict:
+        """Whether verify windows give the single steps' argmax on this machine and provider: the
+        manifest's verdict where its basis covers them, else a short self-check (specrt.verdict),
+        run once per decoder and machine and cached."""
+        with self._factory_lock:
+            if self._verdict is None:
+                recorded = self.manifest.checks.get("gate", {}).get("basis")
+                if covers(recorded, self.graph.provider):
+                    self._verdict = Verdict(self.manifest.spec_safe, "manifest", recorded, {})
+                else:
+                    log.info("%s/%s: the gate's verdict was not measured on this machine or provider; running the "
+                             "spec-safety self-check", self.manifest.name, self.manifest.variant)
+                    prompts = [self.encode(p, chat=self.manifest.chat is not None) for p in SELF_CHECK_PROMPTS]
+                    digest = hashlib.sha256("".join(f.sha256 for f in self.manifest.files.values()).encode())
+                    self._verdict = self_check(OrtDecoder.on(self.graph), prompts, digest.hexdigest(),
+                                               self.graph.provider)
+                    log.info("self-check: spec_safe=%s (%s)", self._verdict.spec_safe, self._verdict.report)
+            return self._verdict
+
     def _warn_unsafe(self) -> None:
         with self._lock:
             if self._warned_unsafe:
                 return
             self._warned_unsafe = True
+        verdict = self.spec_safety()
         log.warning(
-            "%s/%s is flagged spec_safe=false (verify windows may disagree with single steps): speculative "
+            "%s/%s is not spec-safe %s (verify windows may disagree with single steps): speculative "
             "output may differ from plain decoding; method='baseline' is exact",
             self.manifest.name, self.manifest.variant,
+            "(manifest: spec_safe=false)" if verdict.source == "manifest" else
+            f"on this machine (self-check: {verdict.report.get('disagreements')} disagreements in "
+            f"{verdict.report.get('positions')} positions)",
         )
 
     def forget_history(self) -> None:

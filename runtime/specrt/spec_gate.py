@@ -24,9 +24,10 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from specrt.backend import OrtDecoder
-from specrt.engine import prefill
-from specrt.tree import DraftTree, causal_bias, fit_window, flatten
+from .backend import OrtDecoder
+from .engine import prefill
+from .tree import DraftTree, causal_bias, fit_window, flatten
+from .verdict import basis
 
 
 @dataclass(frozen=True, eq=False)
@@ -156,10 +157,14 @@ def run_gate(
     }
 
 
-def gate_from_params(decoder: OrtDecoder, prompts: list[np.ndarray], params: dict) -> dict:
-    """:func:`run_gate` with ``params.yaml: gate`` settings, timed."""
+def gate_from_params(decoder: OrtDecoder, prompts: list[np.ndarray], params: dict,
+                     op_types: set[str] | None = None) -> dict:
+    """:func:`run_gate` with ``params.yaml: gate`` settings, timed; with the graph's ``op_types``,
+    also what the verdict rests on (``basis``, specrt.verdict)."""
     t0 = time.perf_counter()
     report = run_gate(decoder, prompts, new_tokens=params["new_tokens"], widths=tuple(params["widths"]),
                       chunk=params["prefill_chunk"])
     report["seconds"] = round(time.perf_counter() - t0, 1)
+    if op_types is not None:
+        report["basis"] = basis(op_types, decoder.graph.provider)
     return report
