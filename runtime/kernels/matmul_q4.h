@@ -42,24 +42,24 @@ struct Q4Weights {
 // Rows [row_begin, row_end) of x [M, K] into `rows`.
 using QuantizeRowsFn = void (*)(const float* x, int64_t k, int64_t row_begin, int64_t row_end, const QuantizedRows& rows);
 
-// Tiles [tile_begin, tile_end) of y [M, N] for all M rows; acc: scratch of M * 16 floats.
+// Tiles [tile_begin, tile_end) of y [M, N] for all M rows.
 using MatMulQ4Fn = void (*)(const Q4Weights& w, const QuantizedRows& rows, int64_t m, int64_t tile_begin,
-                            int64_t tile_end, float* acc, float* y);
+                            int64_t tile_end, float* y);
 
 namespace scalar {
 void quantize_rows(const float*, int64_t, int64_t, int64_t, const QuantizedRows&);
-void matmul_q4(const Q4Weights&, const QuantizedRows&, int64_t, int64_t, int64_t, float*, float*);
+void matmul_q4(const Q4Weights&, const QuantizedRows&, int64_t, int64_t, int64_t, float*);
 }  // namespace scalar
 namespace avx2 {
 void quantize_rows(const float*, int64_t, int64_t, int64_t, const QuantizedRows&);
-void matmul_q4(const Q4Weights&, const QuantizedRows&, int64_t, int64_t, int64_t, float*, float*);
+void matmul_q4(const Q4Weights&, const QuantizedRows&, int64_t, int64_t, int64_t, float*);
 }  // namespace avx2
 namespace avx512 {
 void quantize_rows(const float*, int64_t, int64_t, int64_t, const QuantizedRows&);
-void matmul_q4(const Q4Weights&, const QuantizedRows&, int64_t, int64_t, int64_t, float*, float*);
+void matmul_q4(const Q4Weights&, const QuantizedRows&, int64_t, int64_t, int64_t, float*);
 }  // namespace avx512
 namespace avx512vnni {
-void matmul_q4(const Q4Weights&, const QuantizedRows&, int64_t, int64_t, int64_t, float*, float*);
+void matmul_q4(const Q4Weights&, const QuantizedRows&, int64_t, int64_t, int64_t, float*);
 }  // namespace avx512vnni
 
 }  // namespace specrt

@@ -1,6 +1,6 @@
 // MatMulQ4 for AVX2 + FMA: the scalar definition's bits (matmul_q4.h), 8 columns per register.
-// Per block, the 8 unpacked weight vectors of a half tile are shared by every row of the pass, so
-// extra rows cost their multiply-adds only.
+// Rows go through a half tile 4 at a time, sharing each block's weight load and unpack, so extra
+// rows of a window cost their multiply-adds and little else.
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -64,40 +64,66 @@ void quantize_rows(const float* x, int64_t k, int64_t row_begin, int64_t row_end
     }
 }
 
-void matmul_q4(const Q4Weights& w, const QuantizedRows& rows, int64_t m, int64_t tile_begin, int64_t tile_end,
-               float* acc, float* y) {
+namespace {
+
+// Rows r0 .. r0 + R - 1, the 8 columns of half `half` of tile t, into y. Per block the weights are
+// loaded and unpacked once for the R rows; sums and accumulators stay in registers.
+template <int R>
+void half_tile(const Q4Weights& w, const QuantizedRows& rows, int64_t r0, int64_t t, int64_t half, float* y) {
   const int64_t blocks = w.k / kQ4Block;
   const __m256i nibble = _mm256_set1_epi8(0x0F);
   const __m256i ones = _mm256_set1_epi16(1);
-  for (int64_t t = tile_begin; t < tile_end; ++t) {
-    const int64_t columns = w.n - t * kQ4Tile < kQ4Tile ? w.n - t * kQ4Tile : kQ4Tile;
-    for (int64_t half = 0; half * 8 < columns; ++half) {
-      for (int64_t r = 0; r < m; ++r) _mm256_storeu_ps(acc + r * kQ4Tile + 8 * half, _mm256_setzero_ps());
-      for (int64_t b = 0; b < blocks; ++b) {
-        const uint8_t* wb = w.packed + (t * blocks + b) * kQ4TileBytes + 32 * half;
-        __m256i wq[8];  // wq[j]: 8 columns x k = 4j .. 4j + 3 of the block, one 32-bit lane per column
-        for (int g = 0; g < 4; ++g) {
-          const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + 64 * g));
-          wq[2 * g] = _mm256_and_si256(v, nibble);
-          wq[2 * g + 1] = _mm256_and_si256(_mm256_srli_epi16(v, 4), nibble);
-        }
-        const __m256 scale = _mm256_loadu_ps(w.scales + (t * blocks + b) * kQ4Tile + 8 * half);
-        for (int64_t r = 0; r < m; ++r) {
-          const int8_t* a = rows.xq + r * w.k + b * kQ4Block;
-          __m256i s = _mm256_maddubs_epi16(wq[0], _mm256_set1_epi32(load32(a)));
-          for (int j = 1; j < 8; ++j)
-            s = _mm256_add_epi16(s, _mm256_maddubs_epi16(wq[j], _mm256_set1_epi32(load32(a + 4 * j))));
-          const __m256i dot = _mm256_sub_epi32(_mm256_madd_epi16(s, ones),
-                                               _mm256_set1_epi32(rows.offset[r * blocks + b]));
-          float* out = acc + r * kQ4Tile + 8 * half;
-          const __m256 step = _mm256_mul_ps(scale, _mm256_set1_ps(rows.dx[r * blocks + b]));
-          _mm256_storeu_ps(out, _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), step, _mm256_loadu_ps(out)));
-        }
+  const uint8_t* packed = w.packed + t * blocks * kQ4TileBytes + 32 * half;
+  const float* scales = w.scales + t * blocks * kQ4Tile + 8 * half;
+  __m256 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < blocks; ++b) {
+    __m256i sums[R];  // 16-bit pair sums of the block, below 30480 (matmul_q4.h)
+    for (int r = 0; r < R; ++r) sums[r] = _mm256_setzero_si256();
+    for (int g = 0; g < 4; ++g) {  // k = 8g .. 8g + 3 in the low nibbles, 8g + 4 .. 8g + 7 in the high
+      const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(packed + b * kQ4TileBytes + 64 * g));
+      const __m256i low = _mm256_and_si256(v, nibble), high = _mm256_and_si256(_mm256_srli_epi16(v, 4), nibble);
+      for (int r = 0; r < R; ++r) {
+        const int8_t* a = rows.xq + (r0 + r) * w.k + b * kQ4Block + 8 * g;
+        sums[r] = _mm256_add_epi16(sums[r], _mm256_maddubs_epi16(low, _mm256_set1_epi32(load32(a))));
+        sums[r] = _mm256_add_epi16(sums[r], _mm256_maddubs_epi16(high, _mm256_set1_epi32(load32(a + 4))));
       }
     }
-    for (int64_t r = 0; r < m; ++r)
-      std::memcpy(y + r * w.n + t * kQ4Tile, acc + r * kQ4Tile, static_cast<size_t>(columns) * sizeof(float));
+    const __m256 scale = _mm256_loadu_ps(scales + b * kQ4Tile);
+    for (int r = 0; r < R; ++r) {
+      const int64_t at = (r0 + r) * blocks + b;
+      const __m256i dot = _mm256_sub_epi32(_mm256_madd_epi16(sums[r], ones), _mm256_set1_epi32(rows.offset[at]));
+      acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_mul_ps(scale, _mm256_set1_ps(rows.dx[at])), acc[r]);
+    }
   }
+  const int64_t column = t * kQ4Tile + 8 * half, columns = w.n - column < 8 ? w.n - column : 8;
+  for (int r = 0; r < R; ++r) {
+    float* out = y + (r0 + r) * w.n + column;
+    if (columns == 8) {
+      _mm256_storeu_ps(out, acc[r]);
+    } else {
+      alignas(32) float lanes[8];
+      _mm256_store_ps(lanes, acc[r]);
+      std::memcpy(out, lanes, static_cast<size_t>(columns) * sizeof(float));
+    }
+  }
+}
+
+}  // namespace
+
+void matmul_q4(const Q4Weights& w, const QuantizedRows& rows, int64_t m, int64_t tile_begin, int64_t tile_end,
+               float* y) {
+  for (int64_t t = tile_begin; t < tile_end; ++t)
+    for (int64_t half = 0; half < 2 && t * kQ4Tile + 8 * half < w.n; ++half) {
+      int64_t r0 = 0;
+      for (; r0 + 4 <= m; r0 += 4) half_tile<4>(w, rows, r0, t, half, y);
+      switch (m - r0) {
+        case 3: half_tile<3>(w, rows, r0, t, half, y); break;
+        case 2: half_tile<2>(w, rows, r0, t, half, y); break;
+        case 1: half_tile<1>(w, rows, r0, t, half, y); break;
+        default: break;
+      }
+    }
 }
 
 }  // namespace specrt::avx2

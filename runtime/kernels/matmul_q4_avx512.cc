@@ -19,12 +19,9 @@ int32_t load32(const int8_t* p) {
   return v;
 }
 
-// u8 x s8 pairs summed in 16 bits (below 30480, matmul_q4.h), then the pairs of pairs in 32
-__m512i block_dots(const __m512i* wq, const int8_t* a) {
-  __m512i s = _mm512_maddubs_epi16(wq[0], _mm512_set1_epi32(load32(a)));
-  for (int j = 1; j < 8; ++j) s = _mm512_add_epi16(s, _mm512_maddubs_epi16(wq[j], _mm512_set1_epi32(load32(a + 4 * j))));
-  return _mm512_madd_epi16(s, _mm512_set1_epi16(1));
-}
+// u8 x s8 pairs summed in 16 bits (a block's stay below 30480, matmul_q4.h), then pairs of pairs in 32
+__m512i dots_add(__m512i sums, __m512i w, __m512i a) { return _mm512_add_epi16(sums, _mm512_maddubs_epi16(w, a)); }
+__m512i dots_finish(__m512i sums) { return _mm512_madd_epi16(sums, _mm512_set1_epi16(1)); }
 
 }  // namespace
 

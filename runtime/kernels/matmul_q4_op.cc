@@ -43,10 +43,7 @@ struct Tiles {
 
 void run_tile(void* user, size_t tile) {
   const Tiles& work = *static_cast<const Tiles*>(user);
-  thread_local std::vector<float> acc;  // per worker thread; grows to the most rows seen
-  acc.resize(static_cast<size_t>(work.m * kQ4Tile));
-  work.matmul(*work.w, *work.rows, work.m, static_cast<int64_t>(tile), static_cast<int64_t>(tile) + 1, acc.data(),
-              work.y);
+  work.matmul(*work.w, *work.rows, work.m, static_cast<int64_t>(tile), static_cast<int64_t>(tile) + 1, work.y);
 }
 
 struct MatMulQ4Kernel {

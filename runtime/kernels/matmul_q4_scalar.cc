@@ -33,14 +33,15 @@ void quantize_rows(const float* x, int64_t k, int64_t row_begin, int64_t row_end
 }
 
 void matmul_q4(const Q4Weights& w, const QuantizedRows& rows, int64_t m, int64_t tile_begin, int64_t tile_end,
-               float* acc, float* y) {
+               float* y) {
   const int64_t blocks = w.k / kQ4Block;
   for (int64_t t = tile_begin; t < tile_end; ++t) {
-    for (int64_t i = 0; i < m * kQ4Tile; ++i) acc[i] = 0.0f;
-    for (int64_t b = 0; b < blocks; ++b) {
-      const uint8_t* wb = w.packed + (t * blocks + b) * kQ4TileBytes;
-      const float* scale = w.scales + (t * blocks + b) * kQ4Tile;
-      for (int64_t r = 0; r < m; ++r) {
+    const int64_t columns = w.n - t * kQ4Tile < kQ4Tile ? w.n - t * kQ4Tile : kQ4Tile;
+    for (int64_t r = 0; r < m; ++r) {
+      float acc[kQ4Tile] = {};
+      for (int64_t b = 0; b < blocks; ++b) {
+        const uint8_t* wb = w.packed + (t * blocks + b) * kQ4TileBytes;
+        const float* scale = w.scales + (t * blocks + b) * kQ4Tile;
         const int8_t* a = rows.xq + r * w.k + b * kQ4Block;
         const float dx = rows.dx[r * blocks + b];
         for (int64_t c = 0; c < kQ4Tile; ++c) {
@@ -51,14 +52,11 @@ void matmul_q4(const Q4Weights& w, const QuantizedRows& rows, int64_t m, int64_t
               dot += (byte & 15) * a[8 * g + i] + (byte >> 4) * a[8 * g + 4 + i];
             }
           dot -= rows.offset[r * blocks + b];
-          float& out = acc[r * kQ4Tile + c];
-          out = std::fma(static_cast<float>(dot), scale[c] * dx, out);
+          acc[c] = std::fma(static_cast<float>(dot), scale[c] * dx, acc[c]);
         }
       }
+      for (int64_t c = 0; c < columns; ++c) y[r * w.n + t * kQ4Tile + c] = acc[c];
     }
-    const int64_t columns = w.n - t * kQ4Tile < kQ4Tile ? w.n - t * kQ4Tile : kQ4Tile;
-    for (int64_t r = 0; r < m; ++r)
-      for (int64_t c = 0; c < columns; ++c) y[r * w.n + t * kQ4Tile + c] = acc[r * kQ4Tile + c];
   }
 }
 
