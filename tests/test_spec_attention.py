@@ -216,7 +216,7 @@ def test_an_unknown_instruction_set_is_refused(monkeypatch):
     monkeypatch.setenv("SPECRT_KERNEL_ISA", "sse9")
     options = ort.SessionOptions()
     kernels.register(options, required=True)
-    with pytest.raises(Exception, match="SPECRT_KERNEL_ISA=sse9: expected scalar, avx2 or avx512"):
+    with pytest.raises(Exception, match="SPECRT_KERNEL_ISA=sse9: expected scalar, avx2, avx512 or avx512vnni"):
         ort.InferenceSession(attention_graph(2, 1, 16, 0.25), options, providers=["CPUExecutionProvider"])
 
 
