@@ -28,16 +28,7 @@ if ! command -v apt-get >/dev/null || ! command -v dpkg-deb >/dev/null; then
          "ORT_INCLUDE_DIR to their folder" >&2
     exit 1
 fi
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
-mkdir -p "$work/lists/partial" "$work/cache/archives/partial"
-echo "deb http://deb.debian.org/debian trixie main" > "$work/sources.list"
-apt_options=(-o "Dir::Etc::SourceList=$work/sources.list" -o Dir::Etc::SourceParts=/dev/null
-             -o "Dir::State::Lists=$work/lists" -o "Dir::Cache=$work/cache" -o APT::Sandbox::User=root)
-apt-get "${apt_options[@]}" -qq update
-(cd "$work" && apt-get "${apt_options[@]}" -qq download libonnxruntime-dev)
-mkdir -p "$dest"
-dpkg-deb -x "$work"/libonnxruntime-dev_*.deb "$dest"
+bash "$(dirname "$0")/fetch_debian_package.sh" libonnxruntime-dev "$dest"
 if [ ! -f "$dest/usr/include/onnxruntime/$header" ]; then
     echo "fetch_ort_headers: libonnxruntime-dev did not hold $header" >&2
     exit 1

@@ -6,11 +6,17 @@
 #include <cstdint>
 #include <cstring>
 #if defined(__x86_64__) || defined(__i386__)  // the whole unit: x86 only
+#if defined(SPECRT_EMULATED_AVX512)  // tests/test_kernels_emulated.py: SIMDe's portable AVX-512
+#include "simde_avx512.h"
+#else
 #include <immintrin.h>
+#endif
 
 #include "attention.h"
 
-#pragma GCC target("avx512f,avx2,fma")  // after the headers: only the code below is built for it
+#if !defined(SPECRT_EMULATED_AVX512)
+#pragma GCC target("avx512f,avx512bw,avx2,fma")  // after the headers: only the code below is built for it
+#endif
 
 namespace specrt::avx512 {
 #include "canonical.h"
