@@ -6,11 +6,7 @@
 #include <cstdint>
 #include <cstring>
 #if defined(__x86_64__) || defined(__i386__)  // the whole unit: x86 only
-#if defined(SPECRT_EMULATED_AVX512)  // tests/test_kernels_emulated.py: SIMDe's portable AVX-512
-#include "simde_avx512.h"
-#else
-#include <immintrin.h>
-#endif
+#include "intrinsics.h"
 
 #include "attention.h"
 

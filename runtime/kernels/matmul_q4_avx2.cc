@@ -14,6 +14,7 @@
 namespace specrt::avx2 {
 namespace {
 
+// one copy per unit, in its namespace: no inline code is shared between instruction sets
 int32_t load32(const int8_t* p) {
   int32_t v;
   std::memcpy(&v, p, sizeof v);

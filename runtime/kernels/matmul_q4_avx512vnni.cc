@@ -5,11 +5,7 @@
 #include <cstdint>
 #include <cstring>
 #if defined(__x86_64__) || defined(__i386__)  // the whole unit: x86 only
-#if defined(SPECRT_EMULATED_AVX512)  // tests/test_kernels_emulated.py: SIMDe's portable AVX-512
-#include "simde_avx512.h"
-#else
-#include <immintrin.h>
-#endif
+#include "intrinsics.h"
 
 #include "matmul_q4.h"
 
@@ -20,6 +16,7 @@
 namespace specrt::avx512vnni {
 namespace {
 
+// one copy per unit, in its namespace: no inline code is shared between instruction sets
 int32_t load32(const int8_t* p) {
   int32_t v;
   std::memcpy(&v, p, sizeof v);

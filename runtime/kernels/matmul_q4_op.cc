@@ -100,16 +100,7 @@ struct MatMulQ4Op : Ort::CustomOpBase<MatMulQ4Op, MatMulQ4Kernel, true> {
     if (!status && (made->k < kQ4Block || made->k % kQ4Block || made->n < 1))
       status = fail("K=" + std::to_string(made->k) + ", N=" + std::to_string(made->n) +
                     ": expected K a positive multiple of 32 and N positive");
-    if (!status) {
-      const std::string error = choose_isa(&made->isa);
-      if (!error.empty()) status = fail(error);
-    }
-    if (status) {
-      delete made;
-      return status;
-    }
-    *kernel = made;
-    return nullptr;
+    return finish_kernel(kOpName, status, made, kernel);
   }
   const char* GetName() const { return kOpName; }
   size_t GetInputTypeCount() const { return 3; }

@@ -32,6 +32,23 @@ struct Isa {
 std::string choose_isa(const Isa** chosen);
 
 OrtStatus* fail(const char* op, const std::string& message);
+
+// The end of an operator's CreateKernelV2: after `status` (its attribute checks), the instruction
+// set chosen into made->isa, then *kernel = made; on the first error, `made` is deleted and the
+// error returned.
+template <class Kernel>
+OrtStatus* finish_kernel(const char* op, OrtStatus* status, Kernel* made, void** kernel) {
+  if (!status) {
+    const std::string error = choose_isa(&made->isa);
+    if (!error.empty()) status = fail(op, error);
+  }
+  if (status) {
+    delete made;
+    return status;
+  }
+  *kernel = made;
+  return nullptr;
+}
 std::string shape_text(const std::vector<int64_t>& shape);
 
 struct Tensor {

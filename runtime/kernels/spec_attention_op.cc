@@ -157,16 +157,7 @@ struct SpecAttentionOp : Ort::CustomOpBase<SpecAttentionOp, SpecAttentionKernel,
     if (!status && (made->heads < 1 || made->kv_heads < 1 || made->heads % made->kv_heads))
       status = fail("num_heads " + std::to_string(made->heads) + " must be a positive multiple of kv_heads " +
                     std::to_string(made->kv_heads));
-    if (!status) {
-      const std::string error = choose_isa(&made->isa);
-      if (!error.empty()) status = fail(error);
-    }
-    if (status) {
-      delete made;
-      return status;
-    }
-    *kernel = made;
-    return nullptr;
+    return finish_kernel(kOpName, status, made, kernel);
   }
   const char* GetName() const { return kOpName; }
   size_t GetInputTypeCount() const { return 8; }
@@ -221,14 +212,7 @@ struct SwiGLUKernel {
 
 struct SwiGLUOp : Ort::CustomOpBase<SwiGLUOp, SwiGLUKernel, true> {
   OrtStatusPtr CreateKernelV2(const OrtApi&, const OrtKernelInfo*, void** kernel) const {
-    auto* made = new SwiGLUKernel();
-    const std::string error = choose_isa(&made->isa);
-    if (!error.empty()) {
-      delete made;
-      return specrt::fail(kSwiGLUName, error);
-    }
-    *kernel = made;
-    return nullptr;
+    return finish_kernel(kSwiGLUName, nullptr, new SwiGLUKernel(), kernel);
   }
   const char* GetName() const { return kSwiGLUName; }
   size_t GetInputTypeCount() const { return 1; }
