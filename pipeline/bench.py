@@ -14,7 +14,7 @@ between those two runs over the prompts: how far the machine moved while the met
 machine's speed wanders over seconds, not only from run to run: 40 plain 32-token runs in a row on
 one prompt (2-core AVX-512 EPYC, int4) had a lag-1 autocorrelation of 0.42-0.60, and the mean of two
 baseline runs with 31 runs between them missed those by 6.7-10.8% on average, of two with 1-3
-between them by 2.8-4.5% (session 15, docs/benchmark.md). Prefill time is reported apart: the
+between them by 2.8-4.5% (docs/benchmark.md). Prefill time is reported apart: the
 baseline's cold prefill of each prompt, for every run. The stages load the model with a prefix cache
 (``PREFIX_CACHE_MB``), so every method run reuses the baseline's prompt KV instead of running the
 same prefill passes again (bit for bit the same rows: specrt.prefix_cache). Greedy runs are compared

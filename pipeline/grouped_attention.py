@@ -22,8 +22,8 @@ The numerators stay keys-first and the products with them read them transposed (
 transA, ``fuse_graph.fuse_transposed_operands``): MLAS's SGEMM sums the keys in blocks whose size
 follows the columns each thread gets, and its threads split the rows or the columns, whichever
 are more. Read row-major, a single step (14 rows) summed 256 keys per block and a 15-row tree
-window 128, so their bits differed past 256 cached positions (the products per key/value head of
-session 11 did the same from 4 threads on); read transposed, the blocks are 128 keys for every
+window 128, so their bits differed past 256 cached positions (an earlier layout, products per
+key/value head, did the same from 4 threads on); read transposed, the blocks are 128 keys for every
 shape and thread count (tests/test_grouped_attention.py).
 
 The products have kv*g*s >= 2 rows in every pass; a window's extra keys are masked, so they
