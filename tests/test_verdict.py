@@ -80,3 +80,18 @@ def test_a_covered_manifest_verdict_is_used_without_a_self_check(tiny_artifact, 
     monkeypatch.setattr(spec_gate, "run_gate", lambda *a, **k: pytest.fail("self-check ran"))
     result = specrt.load(tiny_artifact[0]).spec_safety()
     assert result.source == "manifest" and result.spec_safe and result.report == {}
+
+
+def test_cli_check_prints_the_verdict_and_exits_by_it(tiny_artifact, tmp_path, monkeypatch, capsys):
+    from specrt.cli import main
+
+    assert main(["check", "--model", str(tiny_artifact[0])]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert printed["spec_safe"] and printed["source"] == "manifest" and printed["basis"]["exactness"] == "measured"
+    monkeypatch.setenv("SPECRT_CACHE_DIR", str(tmp_path / "cache"))
+    moved = _moved(tiny_artifact[0], tmp_path, verdict.basis({"MatMul"}, "cuda"))
+    monkeypatch.setattr(spec_gate, "run_gate", lambda *a, **k: {"spec_safe": False, "positions": 30,
+                                                                 "disagreements": 2, "max_logit_diff": 0.5})
+    assert main(["check", "--model", str(moved)]) == 1
+    printed = json.loads(capsys.readouterr().out)
+    assert printed["source"] == "self-check" and printed["report"]["disagreements"] == 2

@@ -1,9 +1,13 @@
-"""``specrt generate``: complete a prompt from the command line.
+"""``specrt generate``: complete a prompt from the command line; ``specrt check``: is speculation
+lossless with this artifact here?
 
     specrt generate --model artifacts/qwen2.5-coder-0.5b-instruct/fp32 --method pld "def add(a, b):"
+    specrt check --model artifacts/qwen2.5-coder-0.5b-instruct/int4 [--provider cuda]
 
-The completion goes to stdout; speed and acceptance go to stderr (or everything as JSON with
-``--json``).
+``generate``: the completion goes to stdout; speed and acceptance go to stderr (or everything as
+JSON with ``--json``). ``check``: the spec-safety verdict for this machine and provider
+(:meth:`specrt.model.SpecModel.spec_safety`: the manifest's where its basis covers them, else the
+self-check, run and cached now) as JSON; exit 0 when spec-safe, 1 when not.
 """
 
 from __future__ import annotations
@@ -50,7 +54,17 @@ def _parser() -> argparse.ArgumentParser:
                      "(same tokenizer as --model)")
     gen.add_argument("--stream", action="store_true", help="print text as it is accepted")
     gen.add_argument("--json", action="store_true", help="print the result and stats as one JSON object")
+    check = sub.add_parser("check", help="whether speculation is lossless with this artifact on this machine")
+    check.add_argument("--model", required=True, help="artifact folder, e.g. artifacts/<model>/int4")
+    check.add_argument("--threads", type=int, default=None, help="onnxruntime intra-op threads")
+    check.add_argument("--provider", default="cpu", help="execution provider: cpu or cuda")
     return parser
+
+
+def _check(args: argparse.Namespace) -> bool:
+    verdict = load(args.model, provider=args.provider, threads=args.threads).spec_safety()
+    print(json.dumps(asdict(verdict), indent=2))
+    return verdict.spec_safe
 
 
 def _read_prompt(arg: str) -> str:
@@ -107,6 +121,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "generate":
             _generate(args)
+        elif args.command == "check":
+            return 0 if _check(args) else 1
     except SpecrtError as e:
         print(f"specrt: error: {e}", file=sys.stderr)
         return 2
