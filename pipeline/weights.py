@@ -67,7 +67,7 @@ from packaging.utils import (
     parse_wheel_filename,
 )
 
-from .checkpoint import GGUF_POINTER, gguf_source, load_gguf, write_pointer
+from .checkpoint import GGUF_POINTER, gguf_source, load_gguf, plain_gguf_reader, write_pointer
 
 log = logging.getLogger(__name__)
 
@@ -356,7 +356,8 @@ def convert(gguf_path: Path, gguf_sha256: str, out: Path, prompt: str, n_tokens:
     timings: dict[str, float] = {}
     t0 = time.perf_counter()
     model = load_gguf(gguf_path)
-    tokenizer = AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
+    with plain_gguf_reader():
+        tokenizer = AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
     timings["load_gguf_s"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()

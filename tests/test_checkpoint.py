@@ -143,3 +143,23 @@ def test_a_gguf_loaded_model_is_a_plain_float_model(converted):
     assert model.hf_quantizer is None and not getattr(model, "is_quantized", False)
     assert not hasattr(model.config, "quantization_config")
     assert model.float() is model  # the export stage calls .float(); a GGUF-quantized model refuses it
+
+
+def test_plain_gguf_reader_reads_the_same_fields_and_tensors_and_restores_gguf(tiny_source):
+    import gguf
+    import numpy as np
+
+    gguf_path, _, _ = tiny_source
+    original = gguf.GGUFReader
+    memmapped = original(gguf_path)
+    with checkpoint.plain_gguf_reader():
+        assert gguf.GGUFReader is not original
+        plain = gguf.GGUFReader(gguf_path)
+    assert gguf.GGUFReader is original
+    assert list(plain.fields) == list(memmapped.fields)
+    for name, field in memmapped.fields.items():
+        got = plain.fields[name]
+        assert got.types == field.types and got.data == field.data, name
+        assert all(np.array_equal(a, b) for a, b in zip(got.parts, field.parts, strict=True)), name
+    assert [t.name for t in plain.tensors] == [t.name for t in memmapped.tensors]
+    assert all(np.array_equal(a.data, b.data) for a, b in zip(plain.tensors, memmapped.tensors, strict=True))
