@@ -287,6 +287,7 @@ def run(tokenizer_json: Path, out: Path, cache: Path, params: dict[str, Any]) ->
 
 
 def main(argv: list[str] | None = None) -> int:
+    started = time.perf_counter()  # the stage's wall time goes into its report (stage_s)
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--tokenizer", type=Path, required=True, help="the target artifact's tokenizer.json")
     parser.add_argument("--out", type=Path, required=True, help="datastore folder to write")
@@ -302,6 +303,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="specrt-wheels-") as tmp:
         report = run(args.tokenizer, args.out, args.cache or Path(tmp), params)
     report_path = args.report or args.out.parent / "corpora.json"
+    report["stage_s"] = round(time.perf_counter() - started, 1)
     write_text_atomic(report_path, json.dumps(report, indent=2) + "\n")
     log.info("wrote %s", report_path)
     return 0

@@ -261,6 +261,7 @@ def run(
 
 
 def main(argv: list[str] | None = None) -> int:
+    started = time.perf_counter()  # the stage's wall time goes into its report (stage_s)
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--hf", type=Path, required=True,
                         help="Hugging Face checkpoint folder (weights stage; its weights may be the GGUF "
@@ -284,6 +285,7 @@ def main(argv: list[str] | None = None) -> int:
         log.error("%s", e)
         return 1
     report_path = args.report or args.out.parent / "export.json"
+    report["stage_s"] = round(time.perf_counter() - started, 1)
     write_text_atomic(report_path, json.dumps(report, indent=2) + "\n")
     log.info("wrote %s", report_path)
     return 0

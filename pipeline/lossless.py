@@ -130,6 +130,7 @@ def run(
 
 
 def main(argv: list[str] | None = None) -> int:
+    started = time.perf_counter()  # the stage's wall time goes into its report (stage_s)
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", type=Path, required=True, help="artifact folder")
     parser.add_argument("--prompts", type=Path, required=True, help="Spec-Bench question.jsonl")
@@ -144,6 +145,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     report = run(args.model, args.prompts, yaml.safe_load(args.params.read_text())["lossless"], args.datastore,
                  args.draft)
+    report["stage_s"] = round(time.perf_counter() - started, 1)
     write_text_atomic(args.out, json.dumps(report, indent=2) + "\n")
     if args.plot:
         rows = [{"run": name, "variant": report["variant"], **{k: r[k] for k in PLOT_FIELDS}}

@@ -76,6 +76,7 @@ def run(target: Path, draft: Path, questions: Path, params: dict[str, Any]) -> d
 
 
 def main(argv: list[str] | None = None) -> int:
+    started = time.perf_counter()  # the stage's wall time goes into its report (stage_s)
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--target", type=Path, required=True, help="target artifact folder")
     parser.add_argument("--draft", type=Path, required=True, help="draft artifact folder (same tokenizer)")
@@ -87,6 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     report = run(args.target, args.draft, args.prompts, yaml.safe_load(args.params.read_text())["pair_bench"])
+    report["stage_s"] = round(time.perf_counter() - started, 1)
     write_text_atomic(args.out, json.dumps(report, indent=2) + "\n")
     table = markdown({name: {"all": r} for name, r in report["runs"].items()})
     if args.plot:

@@ -149,6 +149,7 @@ def run(
 
 
 def main(argv: list[str] | None = None) -> int:
+    started = time.perf_counter()  # the stage's wall time goes into its report (stage_s)
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--src", type=Path, required=True, help="fp32 artifact folder (export stage)")
     parser.add_argument("--out", type=Path, required=True, help="artifact folder to write")
@@ -174,6 +175,7 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"--set {item!r}: expected KEY=VALUE with KEY one of {', '.join(fields)}")
         params["variants"][args.variant][key] = yaml.safe_load(value)
     report = run(args.src, args.out, args.variant, args.prompts, params, all_params["gate"])
+    report["stage_s"] = round(time.perf_counter() - started, 1)
     write_text_atomic(args.report, json.dumps(report, indent=2) + "\n")
     if args.plot:
         row = {k: v for k, v in report.items() if not isinstance(v, dict)}

@@ -1,6 +1,7 @@
 """Print what ``dvc repro`` built: per model and variant, the size, the checks' and the regression
 verdicts; then the benchmark's best method, our ratios over the peers, and the draft/target pair
-benchmark (``artifacts/pair``), for the stages that ran.
+benchmark (``artifacts/pair``), for the stages that ran; last, each stage's wall time (the
+``stage_s`` its report records) and their sum.
 
     python -m pipeline.summary artifacts
 
@@ -89,6 +90,27 @@ def benchmark_rows(root: Path) -> list[str]:
     return lines
 
 
+def stage_times(root: Path) -> list[tuple[str, float]]:
+    """(report path under ``root``, seconds) of every stage report that records ``stage_s``, in
+    the order the stages last ran (the reports' modification times)."""
+    found = []
+    for path in [*root.glob("*/*.json"), *root.glob("*/full/*.json")]:
+        try:
+            report = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(report, dict) and isinstance(report.get("stage_s"), (int, float)):
+            found.append((path.stat().st_mtime, str(path.relative_to(root)), float(report["stage_s"])))
+    return [(name, seconds) for _, name, seconds in sorted(found)]
+
+
+def time_lines(times: list[tuple[str, float]]) -> list[str]:
+    """One line per stage report, minutes, then their sum."""
+    width = max(len("total"), *(len(name) for name, _ in times))
+    lines = [f"{name.ljust(width)}  {seconds / 60:5.1f} min" for name, seconds in times]
+    return lines + [f"{'total'.ljust(width)}  {sum(s for _, s in times) / 60:5.1f} min"]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("artifacts", type=Path, nargs="?", default=Path("artifacts"))
@@ -110,6 +132,10 @@ def main(argv: list[str] | None = None) -> int:
     if pair:
         print("\ndraft-model speculative decoding vs plain decoding of the target (pair_bench):")
         print("\n".join(pair))
+    times = stage_times(args.artifacts)
+    if times:
+        print("\nstage wall times (each report's stage_s):")
+        print("\n".join(time_lines(times)))
     return 0 if all("FAIL" not in r["checks"] + r["lossless"] and "BROKEN" not in r["lossless"] for r in table) else 1
 
 

@@ -490,6 +490,7 @@ def build_weights(entry: CatalogEntry, out: Path, cache: Path, gguf_dir: Path,
 
 
 def main(argv: list[str] | None = None) -> None:
+    started = time.perf_counter()  # the stage's wall time goes into its report (stage_s)
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--params", type=Path, required=True, help="params.yaml with a `catalog:`")
     parser.add_argument("--model", required=True, help="catalog key, e.g. smollm2-135m-instruct")
@@ -512,6 +513,7 @@ def main(argv: list[str] | None = None) -> None:
         report = build_weights(entry, args.out, args.cache or Path(tmp), gguf_dir, args.check_prompt,
                                args.check_tokens, convert_model=not args.assemble_only)
     report_path.parent.mkdir(parents=True, exist_ok=True)
+    report["stage_s"] = round(time.perf_counter() - started, 1)
     report_path.write_text(json.dumps(report, indent=2) + "\n")
     log.info("%s done in %.1f s; report %s", entry.model, report["timings"]["total_s"], report_path)
 
