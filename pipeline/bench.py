@@ -105,6 +105,8 @@ class Tally:
     matched: int = 0  # greedy: tokens equal to the baseline's before the first divergence
     compared: int = 0
     prompt_tokens_per_s: list[float] = field(default_factory=list)  # decode tok/s per prompt
+    # per prompt: (decode tokens, decode seconds, its baseline's tokens, seconds): the resampling units
+    per_prompt: list[tuple[int, float, int, float]] = field(default_factory=list)
     accepted_lengths: list[int] = field(default_factory=list)  # per verify step
 
     def add(self, stats: LoopStats, base: Baseline, match: tuple[int, int] | None) -> None:
@@ -124,6 +126,7 @@ class Tally:
             self.compared += match[1]
         if stats.decode_s > 0:
             self.prompt_tokens_per_s.append(stats.decode_tokens / stats.decode_s)
+        self.per_prompt.append((stats.decode_tokens, stats.decode_s, base.tokens, base.seconds))
         self.accepted_lengths.extend(stats.accepted_lengths)
 
     def summary(self) -> dict[str, Any]:
@@ -137,6 +140,7 @@ class Tally:
             "decode_tokens_per_s_std": round(statistics.stdev(per_prompt), 3) if len(per_prompt) > 1 else 0.0,
             "baseline_decode_tokens_per_s": round(base_tps, 3),
             "speedup": round(tps / base_tps, 3) if base_tps else 0.0,
+            "speedup_ci95": speedup_interval(self.per_prompt),
             "baseline_drift": round(max(self.drifts, key=abs), 4) if self.drifts else 0.0,
             "mean_tokens_per_step": round(self.tokens / self.steps, 3) if self.steps else 0.0,
             "acceptance_rate": round(self.accepted / self.drafted, 4) if self.drafted else 0.0,
@@ -147,6 +151,27 @@ class Tally:
             "verify_share": round(self.verify_s / self.seconds, 4) if self.seconds else 0.0,
             "overhead_share": round(1 - (self.draft_s + self.verify_s) / self.seconds, 4) if self.seconds else 0.0,
         }
+
+
+BOOTSTRAP_RESAMPLES = 2000
+
+
+def speedup_interval(per_prompt: list[tuple[int, float, int, float]]) -> list[float] | None:
+    """95% percentile-bootstrap interval of the speedup (summed tokens over summed seconds, over the
+    baseline's the same way) when the prompts are resampled with replacement; None for fewer than
+    two prompts. Fixed seed: the same runs give the same interval."""
+    if len(per_prompt) < 2:
+        return None
+    rows = np.array(per_prompt, dtype=np.float64)  # [prompts, 4]
+    picks = np.random.default_rng(0).integers(0, len(rows), size=(BOOTSTRAP_RESAMPLES, len(rows)))
+    sums = rows[picks].sum(axis=1)  # [resamples, 4]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratios = (sums[:, 0] / sums[:, 1]) / (sums[:, 2] / sums[:, 3])
+    ratios = ratios[np.isfinite(ratios)]
+    if not len(ratios):
+        return None
+    low, high = np.percentile(ratios, [2.5, 97.5])
+    return [round(float(low), 3), round(float(high), 3)]
 
 
 def matched_prefix(ids: np.ndarray, ref: np.ndarray) -> tuple[int, int]:

@@ -42,14 +42,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 import specrt
 from specrt.drafters import NEEDS_DRAFT
 
 from .atomic import write_text_atomic
 from .bench import PREFIX_CACHE_MB, Prompt, Run, Tally, measure
 from .lossless import RETRIEVAL, exit_code
+from .params import stage_params
 from .roofline import gathered_bytes, read_bandwidth, roofline
 from .specbench import TASKS, Question, first_per_task, read_questions
 
@@ -230,13 +229,15 @@ def main(argv: list[str] | None = None) -> int:
                              "(the benchmarked artifact always is)")
     parser.add_argument("--prompts", type=Path, required=True, help="Spec-Bench question.jsonl")
     parser.add_argument("--params", type=Path, default=Path("params.yaml"))
+    parser.add_argument("--section", default="benchmark",
+                        help="the params.yaml section with this run's settings (e.g. benchmark_full: the full run)")
     parser.add_argument("--metrics", type=Path, required=True, help="metrics JSON to write")
     parser.add_argument("--csv", type=Path, required=True, help="CSV to write: one row per run and task")
     parser.add_argument("--table", type=Path, required=True, help="markdown table to write")
     parser.add_argument("--plots", type=Path, required=True, help="folder for the plot JSONs")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    report, tallies = run(args, yaml.safe_load(args.params.read_text())["benchmark"])
+    report, tallies = run(args, stage_params(args.params, args.section))
     table_csv, table_md, speedups, accepted = report_tables(tallies)
     write_text_atomic(args.csv, table_csv)
     write_text_atomic(args.table, table_md)

@@ -22,7 +22,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import yaml
 
 import specrt
 from specrt.drafters import NEEDS_DRAFT
@@ -30,6 +29,7 @@ from specrt.model import SpecModel
 
 from .atomic import write_text_atomic
 from .bench import PREFIX_CACHE_MB
+from .params import stage_params
 from .specbench import first_per_task, read_questions
 
 log = logging.getLogger(__name__)
@@ -135,6 +135,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", type=Path, required=True, help="artifact folder")
     parser.add_argument("--prompts", type=Path, required=True, help="Spec-Bench question.jsonl")
     parser.add_argument("--params", type=Path, default=Path("params.yaml"))
+    parser.add_argument("--section", default="lossless",
+                        help="the params.yaml section with this run's settings (e.g. lossless_full: the full run)")
     parser.add_argument("--out", type=Path, required=True, help="metrics JSON to write")
     parser.add_argument("--plot", type=Path, help="plot JSON to write: one record per method run")
     parser.add_argument("--datastore", type=Path, help="retrieval datastore (corpora stage); without it the "
@@ -143,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
                         f"draft-model methods ({', '.join(sorted(NEEDS_DRAFT))}) are left out")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    report = run(args.model, args.prompts, yaml.safe_load(args.params.read_text())["lossless"], args.datastore,
+    report = run(args.model, args.prompts, stage_params(args.params, args.section), args.datastore,
                  args.draft)
     report["stage_s"] = round(time.perf_counter() - started, 1)
     write_text_atomic(args.out, json.dumps(report, indent=2) + "\n")

@@ -80,12 +80,12 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import yaml
 
 from .atomic import staged_dir, write_text_atomic
 from .bench import matched_prefix
 from .checkpoint import full_checkpoint, has_weights, load_causal_lm
 from .lossless import RETRIEVAL
+from .params import stage_params
 from .specbench import first_per_task, read_questions
 
 log = logging.getLogger(__name__)
@@ -697,14 +697,16 @@ def main(argv: list[str] | None = None) -> int:
                         "(same names; prompts_per_task is --per-task); `variants` is dvc.yaml's (one stage run "
                         "per variant: --artifact and --precisions), `transformers_with` lists the variants of "
                         "--artifact that also run the transformers peer")
+    parser.add_argument("--section", default="peers",
+                        help="the params.yaml section read by --params (peers_full: the full run)")
     args = parser.parse_args(argv)
     if args.params:
-        section = yaml.safe_load(args.params.read_text())["peers"]
+        section = stage_params(args.params, args.section)
         known = {"variants", "transformers_with", "methods", "prompts_per_task", "max_prompts", "max_prompt_tokens",
                  "max_new_tokens", "threads", "prompt_lookup", "genai_ngram_size", "genai_max_draft_tokens", "rounds",
                  "transformers_prompts"}
         if set(section) - known:
-            parser.error(f"{args.params}: peers.{sorted(set(section) - known)[0]} is not an option "
+            parser.error(f"{args.params}: {args.section}.{sorted(set(section) - known)[0]} is not an option "
                          f"(known: {', '.join(sorted(known))})")
         for key, value in section.items():
             if key == "transformers_with":  # without --artifact, transformers is the reference: it runs

@@ -241,3 +241,12 @@ def test_summary_prints_the_best_benchmark_run_and_peer_ratios(tmp_path):
         "m: specrt/int4/pld / hf/fp32/plain = 3.00",
         "m: specrt/int8/baseline / ort-genai/int8/plain = 1.01",
     ]
+
+
+def test_speedup_interval_resamples_prompts():
+    from pipeline.bench import speedup_interval
+
+    assert speedup_interval([(32, 1.0, 32, 2.0)]) is None  # one prompt: no interval
+    assert speedup_interval([(32, 1.0, 32, 2.0)] * 4) == [2.0, 2.0]  # identical prompts: no spread
+    # a prompt at 1x and one at 0.5x: resamples give 1x (both the first), 0.667x (one each) or 0.5x
+    assert speedup_interval([(10, 1.0, 10, 1.0), (10, 2.0, 10, 1.0)]) == [0.5, 1.0]
