@@ -1,8 +1,8 @@
 """The export's attention (pipeline.grouped_attention) on its own: a query row gets the same bits
 alone as in a window of any size, at cache lengths past onnxruntime's key blocks of 128, with any
 number of threads (MLAS splits a product between threads by rows or by columns, whichever are
-more, and a row-major product's key blocks follow the split: session 11's form, batched per
-key/value head, gave a 15-row window other bits than a single step from 4 threads on)."""
+more, and a row-major product's key blocks follow the split: the form with products batched per
+key/value head gave a 15-row window other bits than a single step from 4 threads on)."""
 
 from __future__ import annotations
 

@@ -412,7 +412,7 @@ def test_two_models_in_one_process_share_no_state(folder, model):
     assert run_concurrently(jobs, 4) == [e for _ in range(2) for e in expected for _ in range(2)]
     assert "suffix_decoding" in other.drafter_state
     fresh = specrt.load(folder, threads=1)
-    assert fresh.drafter_state == {}  # a third session starts empty: nothing leaked through a module
+    assert fresh.drafter_state == {}  # a third loaded model starts empty: nothing leaked through a module
 
 
 def test_interleaved_streams_in_one_thread(model):

@@ -5,7 +5,7 @@ for a while after the product returns before they sleep. A drafter that multipli
 once per step (``adapld``: [<= 1024, hidden] @ [hidden]) left such a thread spinning
 through the verify pass that followed it, on the cores that onnxruntime's intra-op threads use. On a
 2-core machine a plain step of the 0.5B int4 model then took 35-39 ms instead of 21-22, and
-``adapld`` (tree) decoded Spec-Bench's RAG prompt at 0.5x plain decoding (docs/benchmark.md). A
+``adapld`` (tree) decoded Spec-Bench's RAG prompt at 0.5x plain decoding (docs/design.md). A
 product of that size gains nothing from a second thread that the decoder needs.
 
 :class:`BlasGuard` runs each drafter call with every BLAS library loaded in the process at one

@@ -6,9 +6,9 @@
     MatMulQ4 (ai.specrt, 1)                       x W for 4-bit W (blocks of 32, int8 activations),
                                                   a row's bits independent of the window
 
-``pip install .`` compiles the library into this package as ``_kernels*.so``. Every session specrt
-makes registers it (:func:`register`), so a graph that uses its operators loads like any other; a
-graph without them is unaffected. The library runs on onnxruntime's CPU provider only.
+``pip install .`` compiles the library into this package as ``_kernels*.so``. Every onnxruntime
+InferenceSession specrt makes registers it (:func:`register`), so a graph that uses its operators
+loads like any other; a graph without them is unaffected. The library runs on onnxruntime's CPU provider only.
 """
 
 from __future__ import annotations
