@@ -185,7 +185,7 @@ def benchmark_section(m: Metrics, rel: str, report: dict[str, Any], level: str) 
     for label, by_mode in rows.items():
         matches = [r["token_match"] for r in by_mode.values() if r.get("token_match") is not None]
         body.append([label]
-                    + [ratio(by_mode[mode]["speedup"], by_mode[mode].get("ci95")) if mode in by_mode else "-"
+                    + [ratio(by_mode[mode]["speedup"], by_mode[mode].get("speedup_ci95")) if mode in by_mode else "-"
                        for mode in modes]
                     + [number(by_mode[mode]["mean_tokens_per_step"]) if mode in by_mode else "-" for mode in modes]
                     + [number(min(matches), 3) if matches else "-"])
@@ -335,7 +335,7 @@ def pair_section(m: Metrics, files: Sequence[str]) -> list[str]:
                   f"t0 greedy, t1 temperature 1 (token match is defined for greedy runs only).", ""]
         lines += table(["run", "decode tok/s", "plain tok/s", "speedup", "tokens/step", "acceptance", "token match"],
                        [[name, number(x["decode_tokens_per_s"], 1), number(x["baseline_decode_tokens_per_s"], 1),
-                         ratio(x["speedup"], x.get("ci95")), number(x["mean_tokens_per_step"]),
+                         ratio(x["speedup"], x.get("speedup_ci95")), number(x["mean_tokens_per_step"]),
                          number(x.get("acceptance_rate")), number(x.get("token_match"), 3)]
                         for name, x in r["runs"].items()])
         lines.append("")

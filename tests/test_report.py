@@ -92,7 +92,7 @@ def test_benchmark_tables(tmp_path):
 
 def test_ci95_shown_when_present(tmp_path):
     root = artifacts(tmp_path)
-    write(root, f"{MODEL}/benchmark-int4.json", benchmark(ci95=[1.02, 1.18]))
+    write(root, f"{MODEL}/benchmark-int4.json", benchmark(speedup_ci95=[1.02, 1.18]))
     assert "| pld | 1.05x | 1.10x (1.02-1.18) | 1.10 | 1.20 | 1.000 |" in render(root, PARAMS).splitlines()
 
 
@@ -114,7 +114,7 @@ def test_quantize_and_lossless_tables(tmp_path):
 
 def test_full_benchmark_heads_the_page(tmp_path):
     root = artifacts(tmp_path)
-    full = benchmark(ci95=[1.08, 1.12])
+    full = benchmark(speedup_ci95=[1.08, 1.12])
     full["prompts"] = 480
     write(root, f"{MODEL}/full/benchmark-int4.json", full)
     text = render(root, PARAMS)
