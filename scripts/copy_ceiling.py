@@ -21,6 +21,9 @@ The answer's first token comes from the prefill, so the decode tokens are n - 1 
 cost is n - 1 single steps; the bound is (n - 1) / best[1]. Drafting and bookkeeping are free here,
 so no real copy drafter reaches it; drafters that do not copy from the context (token recycling,
 lookahead, a datastore, a draft model) are not bound by it.
+
+No command line of its own: scripts/project_speedup.py prints these ceilings per Spec-Bench task
+under the same cost curve as its projections.
 """
 
 from __future__ import annotations

@@ -5,8 +5,12 @@ Python with its shared K/V buffers, and specrt's graph (its raw forward passes, 
 
 Each subject runs in its own process (several graphs in one process disturb each other's
 timing on a 2-core machine, see scripts/step_cost.py), in turn, ``--rounds`` times; each process
-decodes ``--new`` tokens after a ``--prompt-tokens`` prompt of random ids, ``--repeats`` times,
-and reports the median ms per token after the first:
+decodes ``--new`` tokens after a ``--prompt-tokens`` prompt of random ids, ``--repeats`` times.
+Per round one line, the median ms per token after the first of each subject:
+
+    round R: genai MS, genai_graph MS, specrt_forward MS, specrt_loop MS ms/token
+
+Subjects:
 
     genai          og.Generator, one token per generate_next_token (genai's own C++ loop)
     genai_graph    the genai folder's model.onnx on a specrt session, its K/V buffers
@@ -104,7 +108,7 @@ def _specrt(folder: Path, prompt: np.ndarray, new: int, threads: int | None, rep
 
 
 def _one(args: argparse.Namespace) -> None:
-    prompt = random_prompt(args.prompt_tokens)
+    prompt = random_prompt(args)
     if args.one.startswith("genai"):
         run = _genai if args.one == "genai" else _genai_graph
         seconds = run(args.genai, prompt, args.new, args.threads, args.repeats)
@@ -113,19 +117,26 @@ def _one(args: argparse.Namespace) -> None:
     print(json.dumps(seconds))
 
 
-def main() -> None:
+def loop_costs(args: argparse.Namespace) -> dict[str, list[float]]:
+    """{subject: its worker's seconds per token, one per repeat} of one round."""
+    return {subject: run_worker("scripts.decode_loop_cost", args, subject, ["--repeats", str(args.repeats)])
+            for subject in SUBJECTS}
+
+
+def make_parser() -> argparse.ArgumentParser:
     parser = pair_parser(__doc__.split("\n")[0], SUBJECTS)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--rounds", type=int, default=3)
-    args = parser.parse_args()
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = make_parser().parse_args(argv)
     if args.one:
         _one(args)
         return
     for r in range(args.rounds):
-        cells = []
-        for subject in SUBJECTS:
-            seconds = run_worker("scripts.decode_loop_cost", args, subject, ["--repeats", str(args.repeats)])
-            cells.append(f"{subject} {1000 * float(np.median(seconds)):.2f}")
+        cells = [f"{subject} {1000 * float(np.median(seconds)):.2f}" for subject, seconds in loop_costs(args).items()]
         print(f"round {r + 1}: " + ", ".join(cells) + " ms/token", flush=True)
 
 

@@ -7,6 +7,12 @@ A provider is a specrt provider with an optional cache placement: ``cuda`` (KV c
 For each: greedy ``baseline`` (plain decoding), then ``pld`` chain and tree, on a few prompts that
 repeat themselves (so that copying pays). A run is lossless when its tokens equal the provider's
 baseline tokens for every prompt; the exit status is 1 when one is not.
+
+The report (``--out``) holds the versions (onnxruntime, its available providers, Python) and per
+provider whether the KV cache was on the device, the wall seconds, and per run (``baseline/chain``,
+``pld/chain``, ``pld/tree``): decode tokens per second, ms and tokens per step, accepted drafts,
+prefill ms per prompt, ``lossless``, and ``speedup`` over the provider's baseline. Used by
+scripts/gpu_check.sh; runs on any provider.
 """
 
 from __future__ import annotations

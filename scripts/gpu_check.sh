@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One-shot check of the CUDA execution provider (issue 7) on a bare GPU machine, in under 8 minutes:
+# One-shot check of the CUDA execution provider on a bare GPU machine, in under 8 minutes:
 #
 #   bash scripts/gpu_check.sh [WHEELS_DIR]        (run from anywhere; WHEELS_DIR defaults to ./wheels)
 #
@@ -58,7 +58,7 @@ pip_install() {  # local wheels only first; then the registry (with the local wh
 }
 
 step "install onnxruntime-gpu (+ CUDA/cuDNN wheels), numpy, tokenizers, pytest"
-pip_install "onnxruntime-gpu[cuda,cudnn]>=1.20" "numpy>=1.26" "tokenizers>=0.20" "pytest>=8"
+pip_install "onnxruntime-gpu[cuda,cudnn]>=1.20" "numpy==2.4.6" "tokenizers==0.23.3" "threadpoolctl==3.8.0" "pytest==9.0.3"
 
 step "install torch (CPU is enough: it only exports the tiny test models) and the export stack"
 if [ -n "${TORCH_INDEX_URL:-}" ]; then
@@ -67,8 +67,8 @@ if [ -n "${TORCH_INDEX_URL:-}" ]; then
 else
     pip_install "torch==2.13.0"
 fi
-pip_install "transformers==5.24.0" "onnx==1.23.2" "onnxscript==0.7.2" "onnx-ir==1.1.0" "pyyaml>=6" \
-    "safetensors>=0.6"
+pip_install "transformers==5.24.0" "onnx==1.23.2" "onnxscript==0.7.2" "onnx-ir==1.1.0" "pyyaml==6.0.3" \
+    "safetensors==0.8.0"
 
 step "install the runtime without its dependencies (its onnxruntime requirement is the CPU package)"
 pip_install --no-deps -e . || echo "editable install failed: the runtime runs from PYTHONPATH"

