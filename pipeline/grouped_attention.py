@@ -41,8 +41,7 @@ graph bit for bit, chains and trees.
 The block-diagonal products do kv times the arithmetic of per-head ones, but a decode pass is bound
 by moving the cache through memory: here each cached key and value row is copied once per pass
 (the concatenation with the new rows), where the heads-first form copied it twice (a transpose and
-a concatenation) and the eager form also repeated it per query head (Expand). The
-``attention_copy_cost`` tool times these layouts (docs/benchmark.md, Tools).
+a concatenation) and the eager form also repeated it per query head (Expand).
 """
 
 from __future__ import annotations
