@@ -44,7 +44,7 @@ from .blas import BlasGuard
 from .cost import VerifyCostModel
 from .datastore import STATE_KEY as DATASTORE_STATE_KEY
 from .datastore import datastore_for
-from .drafters import METHODS, NEEDS_DRAFT, Drafter, DrafterEnv, make_drafter
+from .drafters import METHODS, NEEDS_DRAFT, SELF_BACKING_OFF, Drafter, DrafterEnv, make_drafter
 from .drafters.baseline import NoDraft
 from .drafters.draft_model import check_vocab_compatible
 from .engine import LoopConfig, SpeculativeLoop
@@ -281,11 +281,13 @@ class SpecModel:
     @staticmethod
     def _default_backoff(method: str | Drafter, seed: int | None, *, greedy: bool) -> bool:
         """On for the registered model-free methods; off for the draft-model methods (their adaptive
-        gamma backs off by itself, and their drafts cost a model), for Drafter instances (whose cost
+        gamma backs off by itself, and their drafts cost a model), for ``auto`` (its controller cuts
+        each draft to what pays itself, specrt.drafters.auto), for Drafter instances (whose cost
         is unknown) and for seeded sampling: the back-off decides from measured times, so it would
         change which random numbers a seeded request draws, and the request would not repeat.
         (Greedy output never depends on it.)"""
-        return isinstance(method, str) and method not in NEEDS_DRAFT and (greedy or seed is None)
+        return (isinstance(method, str) and method not in NEEDS_DRAFT | SELF_BACKING_OFF
+                and (greedy or seed is None))
 
     def _check_ids(self, prompt_ids: np.ndarray | list[int]) -> np.ndarray:
         """``prompt_ids`` as [t] int64, or InvalidRequestError: not integers, or outside the vocabulary."""

@@ -13,6 +13,7 @@ from ..errors import InvalidRequestError
 from . import (
     adapld,
     anpd,
+    auto,
     asd,
     baseline,
     draft_model,
@@ -46,8 +47,10 @@ METHODS: dict[str, DrafterFactory] = {
     "sd": draft_model.make_sd,
     "hsd": draft_model.make_hsd,
     "hsd_capped": draft_model.make_hsd_capped,
+    "auto": auto.make,  # the cost-aware controller over the others (specrt.drafters.auto)
 }
 NEEDS_DRAFT = frozenset({"sd", "hsd", "hsd_capped"})  # methods that need specrt.load(..., draft=...)
+SELF_BACKING_OFF = frozenset({"auto"})  # methods that cut their drafts to what pays themselves
 
 
 def make_drafter(method: str, env: DrafterEnv) -> Drafter:
@@ -57,4 +60,4 @@ def make_drafter(method: str, env: DrafterEnv) -> Drafter:
     return factory(env)
 
 
-__all__ = ["Drafter", "DrafterEnv", "Feedback", "METHODS", "NEEDS_DRAFT", "make_drafter"]
+__all__ = ["Drafter", "DrafterEnv", "Feedback", "METHODS", "NEEDS_DRAFT", "SELF_BACKING_OFF", "make_drafter"]
