@@ -206,8 +206,13 @@ def test_auto_is_bit_exact_with_baseline(model, tree, budget):
 
 
 def test_auto_is_the_default_method(model):
-    result = model.generate(PROMPTS[0], max_new_tokens=8)
-    assert result.method == "auto"
+    from specrt.cli import _parser
+
+    loop, chunks = model.stream_ids(model.encode(PROMPTS[0]), max_new_tokens=8)
+    list(chunks)
+    assert isinstance(loop.drafter, Auto) and loop.backoff is None
+    assert model.generate(PROMPTS[0], max_new_tokens=8).method == "auto"
+    assert _parser().parse_args(["generate", "--model", "m", "p"]).method == "auto"
 
 
 # ---------------------------------------------------------------------------------------------

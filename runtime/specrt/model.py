@@ -208,7 +208,7 @@ class SpecModel:
         prompt_ids: np.ndarray | list[int],
         *,
         max_new_tokens: int = 128,
-        method: str | Drafter = "pld",
+        method: str | Drafter = "auto",
         tree: bool = False,
         temperature: float = 0.0,
         top_k: int = 0,
@@ -220,7 +220,8 @@ class SpecModel:
     ) -> tuple[SpeculativeLoop, Iterator[np.ndarray]]:
         """The loop for one request on token ids, and the iterator of its emitted token chunks.
 
-        ``method`` is a registered name (``specrt.METHODS``) or a ready Drafter instance. Every
+        ``method`` is a registered name (``specrt.METHODS``; default ``auto``, the cost-aware
+        controller over the model-free drafters and a loaded draft model) or a ready Drafter instance. Every
         option is checked here, before any work; the request holds a KV cache until its iterator is
         exhausted, closed or garbage-collected. ``backoff`` (``specrt.backoff``): verify a draft
         only while drafts pay for their window, else run plain steps; None: see :meth:`_default_backoff`."""
@@ -402,7 +403,7 @@ class SpecModel:
             token_ids=tuple(ids.tolist()),
             prompt_token_ids=tuple(prompt_ids.tolist()),
             finish_reason=loop.finish_reason or "length",
-            method=str(options.get("method", "pld")),
+            method=str(options.get("method", "auto")),
             tree=bool(options.get("tree", False)),
             stats=loop.stats.as_dict(),
         )

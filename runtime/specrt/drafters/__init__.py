@@ -13,8 +13,8 @@ from ..errors import InvalidRequestError
 from . import (
     adapld,
     anpd,
-    auto,
     asd,
+    auto,
     baseline,
     draft_model,
     lookahead,
