@@ -19,7 +19,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from .datastore import MANIFEST_NAME as DATASTORE_MANIFEST
-from .drafters import METHODS
+from .drafters import DEFAULT_METHOD, METHODS
 from .errors import InvalidRequestError, SpecrtError
 from .model import TextStream, load
 
@@ -30,7 +30,7 @@ def _parser() -> argparse.ArgumentParser:
     gen = sub.add_parser("generate", help="complete a prompt")
     gen.add_argument("prompt", help="prompt text ('-' reads it from stdin)")
     gen.add_argument("--model", required=True, help="artifact folder, e.g. artifacts/<model>/fp32")
-    gen.add_argument("--method", default="auto",
+    gen.add_argument("--method", default=DEFAULT_METHOD,
                      help=f"drafting method (default auto: the best draft per step): {', '.join(sorted(METHODS))}")
     gen.add_argument("--tree", action="store_true", help="verify a draft tree instead of a chain")
     gen.add_argument("--max-new-tokens", type=int, default=128)

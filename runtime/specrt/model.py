@@ -44,7 +44,7 @@ from .blas import BlasGuard
 from .cost import VerifyCostModel
 from .datastore import STATE_KEY as DATASTORE_STATE_KEY
 from .datastore import datastore_for
-from .drafters import METHODS, NEEDS_DRAFT, SELF_BACKING_OFF, Drafter, DrafterEnv, make_drafter
+from .drafters import DEFAULT_METHOD, METHODS, NEEDS_DRAFT, SELF_BACKING_OFF, Drafter, DrafterEnv, make_drafter
 from .drafters.baseline import NoDraft
 from .drafters.draft_model import check_vocab_compatible
 from .engine import LoopConfig, SpeculativeLoop
@@ -208,7 +208,7 @@ class SpecModel:
         prompt_ids: np.ndarray | list[int],
         *,
         max_new_tokens: int = 128,
-        method: str | Drafter = "auto",
+        method: str | Drafter = DEFAULT_METHOD,
         tree: bool = False,
         temperature: float = 0.0,
         top_k: int = 0,
@@ -403,7 +403,7 @@ class SpecModel:
             token_ids=tuple(ids.tolist()),
             prompt_token_ids=tuple(prompt_ids.tolist()),
             finish_reason=loop.finish_reason or "length",
-            method=str(options.get("method", "auto")),
+            method=str(options.get("method", DEFAULT_METHOD)),
             tree=bool(options.get("tree", False)),
             stats=loop.stats.as_dict(),
         )
