@@ -146,6 +146,7 @@ def test_a_drafter_that_matches_gets_verified_after_its_held_drafts_prove_it(ste
     ("pld", {"seed": 3}, True),  # greedy: the seed changes nothing
     ("sd_like_instance", {}, False),
     ("baseline", {}, True),
+    ("auto", {}, False),  # the controller cuts its drafts itself (specrt.drafters.auto)
 ])
 def test_backoff_defaults(model, method, options, on):
     if method == "sd_like_instance":

@@ -90,19 +90,34 @@ class Backoff:
         """``tree`` (proposed after ``context_len`` tokens) cut to its best depth; empty = plain step."""
         if not len(tree):
             return tree
-        depths = tree.depths()
-        deepest = min(int(depths.max()), len(self.reach) - 1)
-        self._pending.append(_Pending(tree, context_len, deepest))
-        sizes = np.bincount(depths, minlength=deepest + 1)[: deepest + 1].cumsum()  # nodes at depth <= k
-        best, best_rate = 0, 1.0  # plain step: one token per c(1)
-        for k in range(1, deepest + 1):
-            rate = (1.0 + self.expected_accepted(k)) / self.cost_ratio(int(sizes[k]) + 1)
-            if rate > best_rate:
-                best, best_rate = k, rate
+        self.track(tree, context_len)
+        best, _ = self.best_cut(tree)
         if best == 0:
             self.held_back += 1
             return DraftTree.empty()
         return tree.truncated(best)
+
+    def track(self, tree: DraftTree, context_len: int) -> None:
+        """Score ``tree`` (proposed after ``context_len`` tokens) once the request has emitted what it predicts."""
+        if len(tree):
+            deepest = min(int(tree.depths().max()), len(self.reach) - 1)
+            self._pending.append(_Pending(tree, context_len, deepest))
+
+    def best_cut(self, tree: DraftTree, drafting: float = 0.0) -> tuple[int, float]:
+        """(k*, rate): the depth that maximises expected tokens per unit of cost, and that rate, when the
+        step has already spent ``drafting`` (in single steps, c(1) = 1) on proposals; k* = 0 is a
+        plain step, rate 1 / (1 + drafting)."""
+        best, best_rate = 0, 1.0 / (1.0 + drafting)
+        if not len(tree):
+            return best, best_rate
+        depths = tree.depths()
+        deepest = min(int(depths.max()), len(self.reach) - 1)
+        sizes = np.bincount(depths, minlength=deepest + 1)[: deepest + 1].cumsum()  # nodes at depth <= k
+        for k in range(1, deepest + 1):
+            rate = (1.0 + self.expected_accepted(k)) / (self.cost_ratio(int(sizes[k]) + 1) + drafting)
+            if rate > best_rate:
+                best, best_rate = k, rate
+        return best, best_rate
 
     def observe_context(self, context: np.ndarray) -> None:
         """Score every pending proposal whose accepted depth ``context`` ([t] int64) now settles:

@@ -19,7 +19,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from .datastore import MANIFEST_NAME as DATASTORE_MANIFEST
-from .drafters import METHODS
+from .drafters import DEFAULT_METHOD, METHODS
 from .errors import InvalidRequestError, SpecrtError
 from .model import TextStream, load
 
@@ -30,7 +30,8 @@ def _parser() -> argparse.ArgumentParser:
     gen = sub.add_parser("generate", help="complete a prompt")
     gen.add_argument("prompt", help="prompt text ('-' reads it from stdin)")
     gen.add_argument("--model", required=True, help="artifact folder, e.g. artifacts/<model>/fp32")
-    gen.add_argument("--method", default="pld", help=f"drafting method: {', '.join(sorted(METHODS))}")
+    gen.add_argument("--method", default=DEFAULT_METHOD,
+                     help=f"drafting method (default auto: the best draft per step): {', '.join(sorted(METHODS))}")
     gen.add_argument("--tree", action="store_true", help="verify a draft tree instead of a chain")
     gen.add_argument("--max-new-tokens", type=int, default=128)
     gen.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
@@ -44,14 +45,14 @@ def _parser() -> argparse.ArgumentParser:
     gen.add_argument(
         "--datastore",
         default=None,
-        help="retrieval datastore folder for rest, sam_decoding, asam* (default: the model folder's sibling "
+        help="retrieval datastore folder for rest, sam_decoding, asam*, auto (default: the model folder's sibling "
         "'datastore' when the pipeline built one)",
     )
     gen.add_argument("--threads", type=int, default=None, help="onnxruntime intra-op threads")
     gen.add_argument("--provider", default="cpu",
                      help="execution provider: cpu, or cuda (needs onnxruntime-gpu; README, 'CUDA')")
-    gen.add_argument("--draft", default=None, help="draft model artifact folder, for --method sd, hsd or hsd_capped "
-                     "(same tokenizer as --model)")
+    gen.add_argument("--draft", default=None, help="draft model artifact folder, for --method sd, hsd, hsd_capped "
+                     "or auto (same tokenizer as --model)")
     gen.add_argument("--stream", action="store_true", help="print text as it is accepted")
     gen.add_argument("--json", action="store_true", help="print the result and stats as one JSON object")
     check = sub.add_parser("check", help="whether speculation is lossless with this artifact on this machine")

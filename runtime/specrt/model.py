@@ -44,7 +44,7 @@ from .blas import BlasGuard
 from .cost import VerifyCostModel
 from .datastore import STATE_KEY as DATASTORE_STATE_KEY
 from .datastore import datastore_for
-from .drafters import METHODS, NEEDS_DRAFT, Drafter, DrafterEnv, make_drafter
+from .drafters import DEFAULT_METHOD, METHODS, NEEDS_DRAFT, SELF_BACKING_OFF, Drafter, DrafterEnv, make_drafter
 from .drafters.baseline import NoDraft
 from .drafters.draft_model import check_vocab_compatible
 from .engine import LoopConfig, SpeculativeLoop
@@ -208,7 +208,7 @@ class SpecModel:
         prompt_ids: np.ndarray | list[int],
         *,
         max_new_tokens: int = 128,
-        method: str | Drafter = "pld",
+        method: str | Drafter = DEFAULT_METHOD,
         tree: bool = False,
         temperature: float = 0.0,
         top_k: int = 0,
@@ -220,7 +220,8 @@ class SpecModel:
     ) -> tuple[SpeculativeLoop, Iterator[np.ndarray]]:
         """The loop for one request on token ids, and the iterator of its emitted token chunks.
 
-        ``method`` is a registered name (``specrt.METHODS``) or a ready Drafter instance. Every
+        ``method`` is a registered name (``specrt.METHODS``; default ``auto``, the cost-aware
+        controller over the model-free drafters and a loaded draft model) or a ready Drafter instance. Every
         option is checked here, before any work; the request holds a KV cache until its iterator is
         exhausted, closed or garbage-collected. ``backoff`` (``specrt.backoff``): verify a draft
         only while drafts pay for their window, else run plain steps; None: see :meth:`_default_backoff`."""
@@ -281,11 +282,13 @@ class SpecModel:
     @staticmethod
     def _default_backoff(method: str | Drafter, seed: int | None, *, greedy: bool) -> bool:
         """On for the registered model-free methods; off for the draft-model methods (their adaptive
-        gamma backs off by itself, and their drafts cost a model), for Drafter instances (whose cost
+        gamma backs off by itself, and their drafts cost a model), for ``auto`` (its controller cuts
+        each draft to what pays itself, specrt.drafters.auto), for Drafter instances (whose cost
         is unknown) and for seeded sampling: the back-off decides from measured times, so it would
         change which random numbers a seeded request draws, and the request would not repeat.
         (Greedy output never depends on it.)"""
-        return isinstance(method, str) and method not in NEEDS_DRAFT and (greedy or seed is None)
+        return (isinstance(method, str) and method not in NEEDS_DRAFT | SELF_BACKING_OFF
+                and (greedy or seed is None))
 
     def _check_ids(self, prompt_ids: np.ndarray | list[int]) -> np.ndarray:
         """``prompt_ids`` as [t] int64, or InvalidRequestError: not integers, or outside the vocabulary."""
@@ -400,7 +403,7 @@ class SpecModel:
             token_ids=tuple(ids.tolist()),
             prompt_token_ids=tuple(prompt_ids.tolist()),
             finish_reason=loop.finish_reason or "length",
-            method=str(options.get("method", "pld")),
+            method=str(options.get("method", DEFAULT_METHOD)),
             tree=bool(options.get("tree", False)),
             stats=loop.stats.as_dict(),
         )

@@ -14,6 +14,7 @@ from . import (
     adapld,
     anpd,
     asd,
+    auto,
     baseline,
     draft_model,
     lookahead,
@@ -46,8 +47,11 @@ METHODS: dict[str, DrafterFactory] = {
     "sd": draft_model.make_sd,
     "hsd": draft_model.make_hsd,
     "hsd_capped": draft_model.make_hsd_capped,
+    "auto": auto.make,  # the cost-aware controller over the others (specrt.drafters.auto)
 }
 NEEDS_DRAFT = frozenset({"sd", "hsd", "hsd_capped"})  # methods that need specrt.load(..., draft=...)
+SELF_BACKING_OFF = frozenset({"auto"})  # methods that cut their drafts to what pays themselves
+DEFAULT_METHOD = "auto"  # of the API, the CLI and the server: the controller picks the draft per step
 
 
 def make_drafter(method: str, env: DrafterEnv) -> Drafter:
@@ -57,4 +61,6 @@ def make_drafter(method: str, env: DrafterEnv) -> Drafter:
     return factory(env)
 
 
-__all__ = ["Drafter", "DrafterEnv", "Feedback", "METHODS", "NEEDS_DRAFT", "make_drafter"]
+__all__ = [
+    "Drafter", "DrafterEnv", "Feedback", "DEFAULT_METHOD", "METHODS", "NEEDS_DRAFT", "SELF_BACKING_OFF", "make_drafter",
+]

@@ -1,0 +1,220 @@
+"""``auto``: a cost-aware controller that picks, at every step, the draft that pays most (or none).
+
+The members are drafters of their own (``pld``, ``suffix_decoding``, ``sam_decoding`` when a
+datastore is loaded, ``sd`` when a draft model is loaded). Each keeps a back-off estimate of its
+acceptance (:class:`specrt.backoff.Backoff`: P(m >= d), scored in hindsight against the tokens the
+request emitted, whether or not its proposal was verified). A step:
+
+    asked   = members whose best chain would pay for its window and its drafting cost,
+              or whose probe is due (PROBE_EVERY steps since it last proposed)
+    D       = the asked members' drafting cost this step, in single steps (c(1) = 1)
+    choose  = argmax over asked members m and depths k of  (1 + E_m[min(a, k)]) / (c(n_k + 1) / c(1) + D)
+              against a plain step's 1 / (1 + D); ties go to the member listed first
+
+and the chosen tree, cut to depth k, is verified (empty: a plain step). Every member observes every
+step's emitted tokens and the verifier's feedback (for the verified window, whoever proposed it),
+so a member that was not chosen still learns the text.
+
+Costs: a window's c(s) is the engine's measured verify cost (``env.verify_cost``); a member's
+drafting cost is the running mean of its measured ``propose`` time (a draft model's forward passes
+and its catch-up included) over c(1). That is under greedy decoding and unseeded sampling. Under
+seeded sampling the decision must not follow wall-clock jitter (it picks which random numbers a
+request draws), so it uses counts only: c(s) / c(1) = 1 + DEFAULT_SLOPE (s - 1), drafting costs 0
+for model-free members and ``draft_token_cost`` single steps per drafted token for a draft model,
+and no estimate carried over from earlier requests: a seeded request repeats.
+
+Output never depends on the controller: it only picks which tokens are verified, and every verify
+step is exact (greedy) or keeps the target's law (sampling: deterministic drafts by
+``walk_sampling``, a draft model's sampled chain by recursive rejection sampling on its q rows).
+
+Probe bound: a member that does not pay proposes, unverified, once every ``probe_every`` steps (its
+drafting cost only); its proposals are verified only once the estimate says they pay. With every
+member useless (no proposal ever matches the next token) no draft is verified: every step is a
+plain step, and each member proposes on at most ceil(steps / probe_every) of them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..backoff import Backoff
+from ..cost import VerifyCostModel
+from ..datastore import STATE_KEY as DATASTORE_STATE_KEY
+from ..errors import InvalidRequestError
+from ..tree import DraftTree
+from .base import Drafter, DrafterEnv, Feedback
+
+PROBE_EVERY = 4  # steps between the proposals of a member that does not pay
+DRAFT_TOKEN_COST = 0.25  # counts mode: one draft-model token, in target single steps
+MEMBER_STATE_KEY = "auto/members"  # env.state key of the members' own state (apart from the methods')
+ESTIMATE_STATE_KEY = "auto/estimates"  # env.state key of the members' acceptance estimates, by mode
+
+
+@dataclass(frozen=True)
+class AutoConfig:
+    probe_every: int = PROBE_EVERY
+    timed: bool = True  # drafting costs from measured propose times; False: from counts (seeded sampling)
+    draft_token_cost: float = DRAFT_TOKEN_COST  # counts mode, for members with ``token_cost`` None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.probe_every, int) or self.probe_every < 1:
+            raise InvalidRequestError(f"probe_every must be an int >= 1, got {self.probe_every!r}")
+        if not self.draft_token_cost >= 0.0:
+            raise InvalidRequestError(f"draft_token_cost must be >= 0, got {self.draft_token_cost!r}")
+
+
+@dataclass(frozen=True)
+class MeasuredCost:
+    """The engine's measured verify cost (``DrafterEnv.verify_cost``) where a Backoff wants a cost model."""
+
+    estimate: Callable[[int], float]  # seconds of one verify pass over s positions; 0.0: not measured yet
+
+
+class Member:
+    """One drafter under the controller, with its acceptance estimate and its drafting cost."""
+
+    def __init__(self, name: str, drafter: Drafter, estimate: Backoff, token_cost: float = 0.0):
+        self.name = name
+        self.drafter = drafter
+        self.estimate = estimate
+        self.token_cost = token_cost  # counts mode: single steps per drafted token (0: model-free)
+        self.propose_s: float | None = None  # running mean of one propose call, seconds
+        self.last_asked: int | None = None  # step of its last proposal
+        self.proposed = 0  # proposals made (probes included)
+        self.chosen = 0  # proposals verified
+
+    def record_time(self, seconds: float) -> None:
+        old = self.propose_s
+        self.propose_s = seconds if old is None else 0.8 * old + 0.2 * seconds
+
+
+class Auto:
+    """The controller as a drafter: :meth:`propose` returns the chosen member's tree, cut to what pays."""
+
+    def __init__(self, members: list[Member], cost: VerifyCostModel | MeasuredCost, config: AutoConfig = AutoConfig()):
+        names = [m.name for m in members]
+        if len(set(names)) != len(names):
+            raise InvalidRequestError(f"auto: member names repeat: {names}")
+        self.members = members
+        self.cost = cost
+        self.config = config
+        self.step = 0
+        self.plain = 0  # steps whose proposals all lost to a plain step (or none was made)
+        self.last_choice: str | None = None  # the member whose tree the last step verified
+        self._context = np.zeros(0, np.int64)  # [t] the context after the last step
+
+    # -- costs, in single steps (c(1) = 1)
+
+    def drafting_cost(self, member: Member, drafted: int) -> float:
+        """What one proposal of ``drafted`` tokens by ``member`` costs, in single steps."""
+        one = self.cost.estimate(1)
+        if self.config.timed and member.propose_s is not None and one > 0:
+            return member.propose_s / one
+        return member.token_cost * drafted
+
+    def pays(self, member: Member, budget: int) -> bool:
+        """Whether some chain of depth k <= ``budget`` from ``member`` is expected to beat a plain step,
+        its drafting cost included."""
+        estimate = member.estimate
+        for k in range(1, min(budget, len(estimate.reach) - 1) + 1):
+            gain = 1.0 + estimate.expected_accepted(k)
+            if gain > estimate.cost_ratio(k + 1) + self.drafting_cost(member, k):
+                return True
+        return False
+
+    # -- the drafter protocol
+
+    def begin(self, prompt: np.ndarray, hidden_states: np.ndarray) -> None:
+        self._context = np.asarray(prompt, np.int64)
+        for member in self.members:
+            member.drafter.begin(prompt, hidden_states)
+
+    def propose(self, context: np.ndarray, budget: int) -> DraftTree:
+        self.step += 1
+        self._context = np.asarray(context, np.int64)
+        self.last_choice = None
+        offers: list[tuple[Member, DraftTree]] = []
+        drafting = 0.0  # single steps spent on this step's proposals
+        for member in self.members:
+            due = member.last_asked is None or self.step - member.last_asked >= self.config.probe_every
+            if not (due or self.pays(member, budget)):
+                continue
+            t0 = time.perf_counter()
+            tree = member.drafter.propose(context, budget)
+            member.record_time(time.perf_counter() - t0)
+            member.last_asked = self.step
+            member.proposed += 1
+            drafting += self.drafting_cost(member, len(tree))
+            if len(tree):
+                member.estimate.track(tree, len(context))
+                offers.append((member, tree))
+        best: tuple[Member, int] | None = None
+        best_rate = 1.0 / (1.0 + drafting)  # a plain step
+        for member, tree in offers:
+            depth, rate = member.estimate.best_cut(tree, drafting)
+            if depth > 0 and rate > best_rate:
+                best, best_rate = (member, depth), rate
+        if best is None:
+            self.plain += 1
+            return DraftTree.empty()
+        member, depth = best
+        member.chosen += 1
+        self.last_choice = member.name
+        return next(tree for m, tree in offers if m is member).truncated(depth)
+
+    def observe(self, emitted: np.ndarray, feedback: Feedback) -> None:
+        self._context = np.concatenate([self._context, np.asarray(emitted, np.int64)])
+        for member in self.members:
+            member.drafter.observe(emitted, feedback)
+            member.estimate.observe_context(self._context)
+
+    def choices(self) -> dict[str, int]:
+        """Steps that verified each member's draft, and plain steps (``"plain"``)."""
+        return {**{m.name: m.chosen for m in self.members}, "plain": self.plain}
+
+
+def members_for(env: DrafterEnv) -> list[str]:
+    """The methods ``auto`` runs for ``env``: the cheap online drafters, retrieval with a datastore,
+    the draft model (``sd``) with a draft loaded."""
+    names = ["pld", "suffix_decoding"]
+    if env.datastore is not None:
+        names.append("sam_decoding")
+    if env.draft_decoder is not None:
+        names.append("sd")
+    return names
+
+
+def make(env: DrafterEnv) -> Auto:
+    from . import METHODS  # the registry imports this module
+    from .draft_model import DraftModelDrafter
+
+    seeded = env.seed is not None and env.sampling is not None and not env.sampling.greedy
+    config = AutoConfig(timed=not seeded)
+    # the members learn under keys of their own, apart from the same methods run alone (those are
+    # lent per method name: a concurrent request of ``pld`` must not share ``auto``'s state)
+    state = env.state.setdefault(MEMBER_STATE_KEY, {})
+    if DATASTORE_STATE_KEY in env.state or env.datastore is not None:
+        state[DATASTORE_STATE_KEY] = env.state.setdefault(DATASTORE_STATE_KEY, {})
+    member_env = dataclasses.replace(env, state=state)
+    if config.timed and env.verify_cost is not None:
+        cost: VerifyCostModel | MeasuredCost = MeasuredCost(env.verify_cost)
+        kept = env.state.setdefault(f"{ESTIMATE_STATE_KEY}/{'tree' if env.tree else 'chain'}", {})
+    else:
+        cost, kept = VerifyCostModel(), {}  # counts: the default slope; a fresh estimate per request
+    members = []
+    for name in members_for(env):
+        if name == "sd":  # a fixed chain: the controller cuts it, so the drafter's own adaptive gamma is off
+            assert env.draft_decoder is not None
+            drafter: Drafter = DraftModelDrafter(env.draft_decoder(), member_env, acceptance="sd")
+            token_cost = config.draft_token_cost
+        else:
+            drafter, token_cost = METHODS[name](member_env), 0.0
+        estimate = kept[name].carried_over() if name in kept else Backoff(cost)
+        kept[name] = estimate  # the next request of this model starts from it (timed mode)
+        members.append(Member(name, drafter, estimate, token_cost))
+    return Auto(members, cost, config)

@@ -1,0 +1,282 @@
+"""The cost-aware controller (specrt.drafters.auto): its decisions on recorded traces (the offline
+simulator), and ``auto`` against plain decoding (greedy bit for bit, sampling in law)."""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+
+import numpy as np
+import pytest
+
+import specrt
+from specrt.backend import OrtDecoder
+from specrt.backoff import Backoff
+from specrt.cost import VerifyCostModel
+from specrt.drafters import DrafterEnv, Feedback
+from specrt.drafters.auto import PROBE_EVERY, Auto, AutoConfig, Member, make
+from specrt.drafters.pld import PromptLookup
+from specrt.errors import InvalidRequestError
+from specrt.manifest import read_manifest
+from specrt.sampling import SamplingParams
+from specrt.simulate import simulate
+from specrt.tree import DraftTree
+from tests.test_draft_model import ALPHA, SAMPLING, SEEDS, Pair, target_law
+from tests.test_rejection import chi2_pvalue
+from tests.tiny import PROMPTS
+from tests.tiny_pair import build_tiny_pair
+
+PROMPT = np.array([1, 2], np.int64)
+OUTPUT = np.arange(10, 90, dtype=np.int64)  # a recorded greedy continuation of 80 tokens
+WRONG = 99  # a token the record never holds
+
+
+class Knows:
+    """Proposes the record's true continuation while the tokens emitted so far number in [lo, hi),
+    else a chain of WRONG tokens."""
+
+    def __init__(self, output: np.ndarray, lo: int, hi: int):
+        self.output, self.lo, self.hi = output, lo, hi
+        self.start = 0
+
+    def begin(self, prompt: np.ndarray, hidden_states: np.ndarray) -> None:
+        self.start = len(prompt)
+
+    def propose(self, context: np.ndarray, budget: int) -> DraftTree:
+        done = len(context) - self.start
+        truth = self.output[done : done + budget]
+        return DraftTree.chain(truth if self.lo <= done < self.hi else np.full(len(truth), WRONG))
+
+    def observe(self, emitted: np.ndarray, feedback: Feedback) -> None:
+        pass
+
+
+class Traced(Auto):
+    """The controller, recording (tokens emitted before the step, chosen member or None) per step."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.trace: list[tuple[int, str | None]] = []
+
+    def begin(self, prompt, hidden_states):
+        super().begin(prompt, hidden_states)
+        self.prompt_len = len(prompt)
+
+    def propose(self, context, budget):
+        tree = super().propose(context, budget)
+        self.trace.append((len(context) - self.prompt_len, self.last_choice))
+        return tree
+
+
+def counts_controller(drafters: dict[str, object], cost: VerifyCostModel | None = None,
+                      token_cost: float = 0.0) -> Traced:
+    cost = cost if cost is not None else VerifyCostModel()  # nothing measured: c(s) = 1 + 0.15 (s - 1)
+    members = [Member(name, d, Backoff(cost), token_cost) for name, d in drafters.items()]
+    return Traced(members, cost, AutoConfig(timed=False))
+
+
+def costs(seconds_by_size: dict[int, float]) -> VerifyCostModel:
+    model = VerifyCostModel()
+    for s, seconds in seconds_by_size.items():
+        model.record(s, seconds)
+    return model
+
+
+# ---------------------------------------------------------------------------------------------
+# decisions on recorded traces
+
+
+def test_it_follows_the_member_the_trace_rewards():
+    # "early" knows the first 40 tokens, "late" the last 40: the controller verifies early's drafts
+    # in the first half and late's in the second, once late's probes proved it. After the switch
+    # early's wrong drafts are verified while its estimate decays: each one multiplies P(m >= 1)
+    # (at most 1) by the decay 0.7, and a 1-deep draft stops paying below 0.15 (the default
+    # slope) after at most 6 of them (0.7^6 < 0.15 < 0.7^5).
+    auto = counts_controller({"early": Knows(OUTPUT, 0, 40), "late": Knows(OUTPUT, 40, 80)})
+    result = simulate(auto, PROMPT, OUTPUT, budget=8)
+    first = Counter(choice for done, choice in auto.trace if done < 40)
+    second = Counter(choice for done, choice in auto.trace if done >= 40)
+    assert first["early"] > 0 and first["late"] == 0
+    assert second["late"] >= 3 and second["early"] <= 6
+    switch = [choice for _, choice in auto.trace].index("late")
+    assert "early" not in [choice for _, choice in auto.trace[switch:]]
+    assert result.steps < len(OUTPUT) / 3  # plain decoding takes 79 steps
+    assert auto.choices() == {"early": first["early"] + second["early"], "late": second["late"],
+                              "plain": first[None] + second[None]}
+
+
+def test_the_first_steps_run_plain_until_a_held_proposal_is_scored():
+    # step 1's proposal (8 true tokens) is held (the estimate starts at 0) and scored after 8 plain
+    # steps; from then on every draft is verified and accepted in full (8 + the bonus per step)
+    auto = counts_controller({"oracle": Knows(OUTPUT, 0, 80)})
+    result = simulate(auto, PROMPT, OUTPUT, budget=8)
+    assert [choice for _, choice in auto.trace[:9]] == [None] * 8 + ["oracle"]
+    assert result.accepted_lengths[:8] == (0,) * 8 and set(result.accepted_lengths[8:-1]) == {8}
+
+
+def test_a_draft_whose_window_costs_more_than_its_gain_is_never_verified():
+    # a window of s positions costs 1 + 1.5 (s - 1) single steps: even an oracle's k accepted tokens
+    # (k + 1 emitted) do not pay for k + 1 positions, so every step is plain
+    dear = costs({1: 0.01, 5: 0.07})
+    auto = counts_controller({"oracle": Knows(OUTPUT, 0, 80)}, dear)
+    result = simulate(auto, PROMPT, OUTPUT, budget=8)
+    assert result.drafted == 0 and result.steps == len(OUTPUT) - 1
+    assert auto.choices() == {"oracle": 0, "plain": len(OUTPUT) - 2}  # the last step has no budget to propose
+    cheaper = counts_controller({"oracle": Knows(OUTPUT, 0, 80)}, costs({1: 0.01, 5: 0.04}))  # 0.75 per position
+    assert simulate(cheaper, PROMPT, OUTPUT, budget=8).accepted > 0
+
+
+def test_a_member_whose_drafting_costs_more_than_its_gain_is_asked_only_to_probe():
+    # windows are cheap (the default slope), but each drafted token costs a whole single step to draft
+    # (a slow draft model): k accepted tokens never pay for 1 + 0.15 k + k steps, so the member is
+    # not asked to propose but once every PROBE_EVERY steps. A probe's drafting is spent when the
+    # choice is made (a plain step pays it too): its draft is verified when its window alone pays.
+    auto = counts_controller({"slow": Knows(OUTPUT, 0, 80)}, token_cost=1.0)
+    result = simulate(auto, PROMPT, OUTPUT, budget=8)
+    probes = [done for done, _ in auto.trace][::PROBE_EVERY]
+    assert auto.members[0].proposed == len(probes) == math.ceil(len(auto.trace) / PROBE_EVERY)
+    assert {done for done, choice in auto.trace if choice == "slow"} <= set(probes)
+    assert 0 < result.accepted == result.drafted
+
+
+def test_with_every_member_useless_it_runs_plain_steps_and_only_probes():
+    # pld finds no repeated n-gram in 10, 11, ..., 89; the two others always propose wrong tokens
+    members = {"pld": PromptLookup(), "wrong": Knows(OUTPUT, 0, 0), "also_wrong": Knows(OUTPUT, 80, 80)}
+    auto = counts_controller(members)
+    result = simulate(auto, PROMPT, OUTPUT, budget=8)
+    assert result.drafted == 0 and result.steps == len(OUTPUT) - 1
+    probes = math.ceil((len(OUTPUT) - 2) / PROBE_EVERY)  # the probe bound: 20 of 78 proposing steps
+    assert [m.proposed for m in auto.members] == [probes] * 3
+
+
+def test_a_member_that_was_not_chosen_still_observes_every_step():
+    seen: list[list[int]] = []
+
+    class Listener(Knows):
+        def observe(self, emitted, feedback):
+            seen.append(emitted.tolist())
+
+    auto = counts_controller({"oracle": Knows(OUTPUT, 0, 80), "listener": Listener(OUTPUT, 80, 80)})
+    simulate(auto, PROMPT, OUTPUT[:30], budget=4)
+    assert np.concatenate(seen).tolist() == OUTPUT[1:30].tolist()
+    assert auto.choices()["listener"] == 0
+
+
+def test_config_is_checked():
+    with pytest.raises(InvalidRequestError, match="probe_every"):
+        AutoConfig(probe_every=0)
+    with pytest.raises(InvalidRequestError, match="draft_token_cost"):
+        AutoConfig(draft_token_cost=-1.0)
+    member = Member("pld", PromptLookup(), Backoff(VerifyCostModel()))
+    with pytest.raises(InvalidRequestError, match="repeat"):
+        Auto([member, member], VerifyCostModel())
+
+
+def test_seeded_sampling_decides_from_counts_and_keeps_no_estimate():
+    state: dict = {}
+    greedy = make(DrafterEnv(vocab=100, tree=False, state=state, verify_cost=lambda s: 0.01 * s))
+    assert greedy.config.timed and [m.name for m in greedy.members] == ["pld", "suffix_decoding"]
+    assert set(state["auto/estimates/chain"]) == {"pld", "suffix_decoding"}  # the next request starts from them
+    seeded = make(DrafterEnv(vocab=100, tree=False, state={}, verify_cost=lambda s: 0.01 * s,
+                             sampling=SamplingParams(temperature=1.0), seed=7))
+    assert not seeded.config.timed and isinstance(seeded.cost, VerifyCostModel)
+    assert "suffix_decoding" in state["auto/members"] and "suffix_decoding" not in state  # apart from the method's
+
+
+# ---------------------------------------------------------------------------------------------
+# auto against plain decoding
+
+
+@pytest.fixture(scope="module")
+def model(tiny_artifact):
+    return specrt.load(tiny_artifact[0])
+
+
+@pytest.mark.parametrize("tree", [False, True], ids=["chain", "tree"])
+@pytest.mark.parametrize("budget", [3, 8])
+def test_auto_is_bit_exact_with_baseline(model, tree, budget):
+    accepted = 0
+    for prompt in PROMPTS:
+        base = model.generate(prompt, method="baseline", max_new_tokens=40)
+        spec = model.generate(prompt, method="auto", tree=tree, max_new_tokens=40, draft_budget=budget)
+        assert spec.token_ids == base.token_ids, prompt
+        assert spec.finish_reason == base.finish_reason
+        accepted += spec.stats["accepted"]
+    assert accepted > 0  # drafts were verified, not only plain steps
+
+
+def test_auto_is_the_default_method(model):
+    from specrt.cli import _parser
+
+    loop, chunks = model.stream_ids(model.encode(PROMPTS[0]), max_new_tokens=8)
+    list(chunks)
+    assert isinstance(loop.drafter, Auto) and loop.backoff is None
+    assert model.generate(PROMPTS[0], max_new_tokens=8).method == "auto"
+    assert _parser().parse_args(["generate", "--model", "m", "p"]).method == "auto"
+
+
+# ---------------------------------------------------------------------------------------------
+# with a draft model: greedy bit for bit, sampling in law
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory) -> Pair:
+    target_folder, draft_folder = build_tiny_pair(tmp_path_factory.mktemp("tiny-pair"))
+    manifest = read_manifest(draft_folder)
+    target = specrt.load(target_folder, draft=draft_folder)
+    return Pair(target, target_folder, draft_folder, OrtDecoder(draft_folder / manifest.decoder, manifest.dims))
+
+
+@pytest.mark.parametrize("tree", [False, True], ids=["chain", "tree"])
+def test_auto_with_a_draft_model_is_bit_exact_with_baseline(pair, tree):
+    model = pair.target
+    for prompt in PROMPTS:
+        base = model.generate(prompt, method="baseline", max_new_tokens=40)
+        ids, loop = model.generate_ids(model.encode(prompt), method="auto", tree=tree, max_new_tokens=40)
+        assert tuple(ids.tolist()) == base.token_ids, prompt
+        assert [m.name for m in loop.drafter.members] == ["pld", "suffix_decoding", "sd"]
+
+
+def warm(cost: VerifyCostModel) -> Backoff:
+    """An estimate that expects 9 in 10 drafted tokens at every depth: drafts are verified at once."""
+    estimate = Backoff(cost)
+    estimate.reach[:] = 0.9
+    return estimate
+
+
+@pytest.mark.parametrize("how", ["by name", "warm"])
+def test_auto_with_a_draft_model_samples_the_target_distribution(pair, how):
+    # "by name": the registered method, seeded (counts, cold estimates: its first steps run plain);
+    # "warm": a controller whose estimates expect matches, so the first step verifies a member's draft
+    # (the draft model's sampled chain, with its q rows, or pld's), as tests/test_draft_model.py's
+    # law test does for sd alone: the first three emitted tokens follow the target's law
+    prompt_ids = pair.target.encode(PROMPTS[3])
+    law = target_law(pair, prompt_ids, 3)
+    counts: Counter = Counter()
+    chosen: Counter = Counter()
+    for seed in range(SEEDS):
+        if how == "by name":
+            drafter: object = "auto"
+        else:
+            cost = VerifyCostModel()
+            sd = pair.drafter("sd", sampling=SAMPLING, seed=seed, gamma=2)
+            drafter = Auto([Member("pld", PromptLookup(), warm(cost)), Member("sd", sd, warm(cost), 0.25)], cost,
+                           AutoConfig(timed=False))
+        ids, loop = pair.target.generate_ids(prompt_ids, method=drafter, max_new_tokens=4, temperature=1.0,
+                                             top_k=SAMPLING.top_k, seed=seed)  # fmt: skip
+        counts[tuple(ids[:3].tolist())] += 1
+        chosen.update({name: n for name, n in loop.drafter.choices().items() if name != "plain"})
+    assert chi2_pvalue(counts, law) > ALPHA, (counts.most_common(8), sorted(law.items(), key=lambda kv: -kv[1])[:8])
+    if how == "warm":
+        assert chosen["sd"] > SEEDS // 2, chosen
+
+
+def test_seeded_sampling_with_auto_repeats(pair):
+    model = pair.target
+    ids = model.encode(PROMPTS[3])
+    runs = []
+    for _ in range(2):
+        model.forget_history()  # the members' suffix history, as for suffix_decoding alone
+        runs.append([model.generate_ids(ids, method="auto", max_new_tokens=24, temperature=1.0, seed=s)[0].tolist()
+                     for s in range(4)])
+    assert runs[0] == runs[1]
