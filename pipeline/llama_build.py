@@ -1,19 +1,21 @@
 """Stage `llama_cpp`: build llama-cpp-python from source into a folder, for the peers stage.
 
-    params.yaml peers.llama_cpp {enabled, version, cmake_args, skip_common}
+    params.yaml <section>.llama_cpp {enabled, version, cmake_args, skip_common}
         | CMAKE_ARGS="<cmake_args> [<skip_common hook>]" pip install --target STAGE --no-deps
         |     --no-binary llama-cpp-python --no-cache-dir llama-cpp-python==<version>   (CMake builds llama.cpp)
         v
     OUT/llama_cpp/...              the package and its shared libraries (llama_cpp/lib/*.so)
+    OUT/diskcache/...              pip install --target OUT --no-deps diskcache==5.6.3 (BESIDE)
     OUT/llama_build.json           what was built and how: version, cmake_args, command, seconds, bytes
         | a fresh interpreter with OUT first on sys.path imports llama_cpp: the libraries load
         v
     the peers stage's llama.cpp worker puts OUT on sys.path (pipeline/peer_worker.py)
 
 Nothing is installed into the running environment. ``--no-deps``: llama_cpp's own dependencies
-(numpy, jinja2, diskcache, typing-extensions) come from the environment, which the smoke import
-checks. ``--no-cache-dir``: pip's wheel cache is keyed by the source, not by ``CMAKE_ARGS``, and
-could hand back a wheel built with other options.
+numpy, jinja2 and typing-extensions come from the environment (the pipeline's), diskcache, which
+it lacks, is installed beside llama_cpp (:data:`BESIDE`); the smoke import checks them all.
+``--no-cache-dir``: pip's wheel cache is keyed by the source, not by ``CMAKE_ARGS``, and could
+hand back a wheel built with other options.
 
 ``skip_common``: llama-cpp-python loads libllama and libggml* (libmtmd only for multimodal chat),
 never llama.cpp's ``common`` library (the helpers of its command-line tools: argument parsing,
@@ -23,12 +25,13 @@ right after ``project(llama.cpp)``; :data:`SKIP_COMMON` there sets a normal vari
 name in llama.cpp's directory scope, which ``option()`` keeps (policy CMP0077) and ``if()`` reads
 before the cache: the library and its install rule drop out (about 50 of 127 compile units).
 
-With ``enabled: false`` OUT holds the record alone (``"built": false``) and the peers stage runs
-no llama.cpp peer.
+``--section`` names the params.yaml section (``peers``, ``peers_full``); with its ``llama_cpp``
+absent or ``enabled: false`` OUT holds the record alone (``"built": false``) and that peers run
+has no llama.cpp peer.
 
 Run without DVC:
 
-    python -m pipeline.llama_build --params params.yaml --out artifacts/peers/llama_cpp \\
+    python -m pipeline.llama_build --params params.yaml --section peers_full --out artifacts/peers/llama_cpp \\
         [--source llama_cpp_python-0.3.36.tar.gz]
 """
 
@@ -51,9 +54,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from .atomic import staged_dir, write_text_atomic
+from .params import stage_params
 
 log = logging.getLogger(__name__)
 
@@ -69,37 +71,43 @@ _VERSION = re.compile(r"^\d+(\.\d+)*$")
 
 @dataclass(frozen=True)
 class LlamaBuild:
-    """params.yaml ``peers.llama_cpp``: the build's inputs (the peers stage reads its other keys)."""
+    """params.yaml ``<section>.llama_cpp`` with ``enabled: true``: the build's inputs (the peers
+    stage reads its other keys)."""
 
-    enabled: bool
     version: str  # exact llama-cpp-python version, e.g. "0.3.36"
     cmake_args: tuple[str, ...]  # each "-DNAME=VALUE", joined into CMAKE_ARGS
     skip_common: bool = False  # leave out llama.cpp's common library (see the module docstring)
 
     def __post_init__(self) -> None:
         if not _VERSION.match(self.version):
-            raise ValueError(f"peers.llama_cpp.version must be an exact version such as '0.3.36' (a quoted "
+            raise ValueError(f"llama_cpp.version must be an exact version such as '0.3.36' (a quoted "
                              f"string), got {self.version!r}")
         bad = [a for a in self.cmake_args if not a.startswith("-D") or "=" not in a or " " in a]
         if bad:
-            raise ValueError(f"peers.llama_cpp.cmake_args: every entry must be -DNAME=VALUE without spaces, "
+            raise ValueError(f"llama_cpp.cmake_args: every entry must be -DNAME=VALUE without spaces, "
                              f"got {bad[0]!r}")
 
 
-def read_build(params_path: Path) -> LlamaBuild:
-    """The ``peers.llama_cpp`` section of ``params_path``; errors name the missing or wrong key."""
-    section = (yaml.safe_load(Path(params_path).read_text()) or {}).get("peers", {}).get("llama_cpp")
-    if not isinstance(section, dict):
-        raise ValueError(f"{params_path}: no `peers.llama_cpp` mapping")
-    for key in ("enabled", "version", "cmake_args"):
-        if key not in section:
-            raise ValueError(f"{params_path}: peers.llama_cpp.{key} is missing")
-    if not isinstance(section["version"], str):
-        raise ValueError(f"{params_path}: peers.llama_cpp.version must be a quoted string, got {section['version']!r}")
-    if not isinstance(section["cmake_args"], list):
-        raise ValueError(f"{params_path}: peers.llama_cpp.cmake_args must be a list")
-    return LlamaBuild(bool(section["enabled"]), section["version"], tuple(str(a) for a in section["cmake_args"]),
-                      bool(section.get("skip_common", False)))
+def read_build(params_path: Path, section: str = "peers") -> LlamaBuild | None:
+    """``<section>.llama_cpp`` of ``params_path``: None when it is absent or ``enabled: false``;
+    errors name the missing or wrong key."""
+    where = f"{params_path}: {section}.llama_cpp"
+    value = stage_params(params_path, section).get("llama_cpp")
+    if value is None:
+        return None
+    if not isinstance(value, dict) or "enabled" not in value:
+        raise ValueError(f"{where} must be a mapping with `enabled`, got {value!r}")
+    if not value["enabled"]:
+        return None
+    for key in ("version", "cmake_args"):
+        if key not in value:
+            raise ValueError(f"{where}.{key} is missing")
+    if not isinstance(value["version"], str):
+        raise ValueError(f"{where}.version must be a quoted string, got {value['version']!r}")
+    if not isinstance(value["cmake_args"], list):
+        raise ValueError(f"{where}.cmake_args must be a list")
+    return LlamaBuild(value["version"], tuple(str(a) for a in value["cmake_args"]),
+                      bool(value.get("skip_common", False)))
 
 
 def pip_command(build: LlamaBuild, target: Path, source: Path | None = None) -> list[str]:
@@ -204,11 +212,12 @@ def smoke_import(folder: Path) -> str:
     return done.stdout.strip()
 
 
-def build_llama_cpp(build: LlamaBuild, out: Path, source: Path | None = None) -> dict[str, Any]:
-    """Build and install llama-cpp-python into ``out`` (written whole or not at all); the record."""
+def build_llama_cpp(build: LlamaBuild | None, out: Path, source: Path | None = None) -> dict[str, Any]:
+    """Build and install llama-cpp-python into ``out`` (written whole or not at all); the record.
+    ``build`` None (llama.cpp disabled): ``out`` holds the record alone."""
     out = Path(out)
-    record: dict[str, Any] = {**asdict(build), "built": False}
-    if not build.enabled:
+    record: dict[str, Any] = {"enabled": build is not None, **(asdict(build) if build else {}), "built": False}
+    if build is None:
         with staged_dir(out) as stage:
             write_text_atomic(stage / RECORD, json.dumps(record, indent=2) + "\n")
         return record
@@ -236,11 +245,12 @@ def build_llama_cpp(build: LlamaBuild, out: Path, source: Path | None = None) ->
         beside = beside_command(stage)
         done = subprocess.run(beside, capture_output=True, text=True, check=False)
         if done.returncode != 0:
-            raise RuntimeError(f"installing {', '.join(BESIDE)} into {out} failed: {diagnose(done.stdout + done.stderr)}"
-                               f"; the end of pip's output:\n{(done.stdout + done.stderr)[-3000:]}")
+            said = done.stdout + done.stderr
+            raise RuntimeError(f"installing {', '.join(BESIDE)} into {out} failed: {diagnose(said)}; "
+                               f"the end of pip's output:\n{said[-3000:]}")
         version = smoke_import(stage)
         if version != build.version:
-            raise RuntimeError(f"built llama_cpp reports version {version}, peers.llama_cpp.version is {build.version}")
+            raise RuntimeError(f"built llama_cpp reports version {version}, llama_cpp.version is {build.version}")
         record.update({
             "built": True,
             "command_line": shown,
@@ -263,7 +273,7 @@ def read_record(folder: Path) -> dict[str, Any]:
         raise FileNotFoundError(f"{folder}: no {RECORD}; build it with `python -m pipeline.llama_build`")
     record = json.loads(path.read_text())
     if not record.get("built"):
-        raise ValueError(f"{folder}: llama.cpp was not built (peers.llama_cpp.enabled was false)")
+        raise ValueError(f"{folder}: llama.cpp was not built (llama_cpp.enabled was false in its params section)")
     if record.get("cpu") != (here := cpu_model()):
         log.warning("%s was built on a %s, this is a %s: its -march=native code may not suit this CPU "
                     "(rebuild: dvc repro -f llama_cpp)", folder, record.get("cpu"), here)
@@ -272,17 +282,19 @@ def read_record(folder: Path) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--params", type=Path, required=True, help="params.yaml (its peers.llama_cpp section)")
+    parser.add_argument("--params", type=Path, required=True, help="params.yaml (its <section>.llama_cpp mapping)")
+    parser.add_argument("--section", default="peers", help="the params.yaml section whose llama_cpp is built "
+                        "(peers_full: the full run's)")
     parser.add_argument("--out", type=Path, required=True, help="folder to install the package into")
     parser.add_argument("--source", type=Path, help="a local llama_cpp_python-<version>.tar.gz instead of PyPI's")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    record = build_llama_cpp(read_build(args.params), args.out, args.source)
+    record = build_llama_cpp(read_build(args.params, args.section), args.out, args.source)
     if record["built"]:
         log.info("built llama-cpp-python %s in %.0f s (%.1f MB) into %s", record["version"], record["build_s"],
                  record["bytes"] / 1e6, args.out)
     else:
-        log.info("peers.llama_cpp.enabled is false: %s holds the record only", args.out)
+        log.info("%s.llama_cpp is disabled: %s holds the record only", args.section, args.out)
     return 0
 
 

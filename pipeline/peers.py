@@ -671,11 +671,14 @@ def _report(peer_run: PeerRun, by_round: Sequence[Sequence[tuple]]) -> dict[str,
 
 
 def metrics(report: dict[str, Any]) -> dict[str, Any]:
-    """Decode tok/s, prefill and token match per run, and every specrt run's decode tok/s over
-    every peer's (``ratios["specrt/int4/pld / ort-genai/int4/ngram"]``: summed over the rounds;
-    ``round_ratios``: the same ratio in each round both runs took part in)."""
-    runs = {r["name"]: {k: r[k] for k in ("decode_tokens_per_s", "prefill_s", "token_match")}
-            for r in report["runs"]}
+    """Decode tok/s, prefill and token match per run (and ``token_match_plain``, a speculative peer's
+    match against its own plain run, e.g. llama.cpp's prompt lookup against llama.cpp plain), and
+    every specrt run's decode tok/s over every peer's (``ratios["specrt/int4/pld /
+    ort-genai/int4/ngram"]``, ``ratios["specrt/int4/baseline / llama.cpp/q4_k_m/plain"]``: summed
+    over the rounds; ``round_ratios``: the same ratio in each round both runs took part in);
+    ``stage_s`` when the report has it."""
+    keys = ("decode_tokens_per_s", "prefill_s", "token_match", "token_match_plain")
+    runs = {r["name"]: {k: r[k] for k in keys if k in r} for r in report["runs"]}
     per_round = {r["name"]: r.get("round_decode_tokens_per_s", [r["decode_tokens_per_s"]]) for r in report["runs"]}
     ours = [n for n in runs if n.startswith("specrt/")]
     pairs = [(a, b) for a in ours for b in runs if b not in ours and runs[b]["decode_tokens_per_s"] > 0]
@@ -684,9 +687,12 @@ def metrics(report: dict[str, Any]) -> dict[str, Any]:
     round_ratios = {f"{a} / {b}": [round(x / y, 3) for x, y in zip(per_round[a], per_round[b], strict=False)
                                   if y > 0]
                     for a, b in pairs}
-    return {"threads": report["threads"], "prompts": len(report["prompt_ids"]), "rounds": report.get("rounds", 1),
-            "max_new_tokens": report["max_new_tokens"], "runs": runs, "ratios": ratios,
-            "round_ratios": round_ratios}
+    out = {"threads": report["threads"], "prompts": len(report["prompt_ids"]), "rounds": report.get("rounds", 1),
+           "max_new_tokens": report["max_new_tokens"], "runs": runs, "ratios": ratios,
+           "round_ratios": round_ratios}
+    if "stage_s" in report:
+        out["stage_s"] = report["stage_s"]
+    return out
 
 
 def artifact_variant(folder: Path) -> str:
@@ -697,20 +703,26 @@ def artifact_variant(folder: Path) -> str:
 
 
 def _llama_params(parser: argparse.ArgumentParser, args: argparse.Namespace, section: Any) -> None:
-    """``peers.llama_cpp`` of params.yaml: ``enabled: false`` drops ``--llama-cpp``; the lookup options
-    set ``--llama-*``; ``version``, ``cmake_args`` and ``skip_common`` are the build stage's (pipeline.llama_build)."""
+    """``<section>.llama_cpp`` of params.yaml: ``enabled: false`` drops ``--llama-cpp``, ``enabled: true``
+    needs it and ``--gguf``; the lookup options set ``--llama-*``; ``version``, ``cmake_args`` and
+    ``skip_common`` are the build stage's (pipeline.llama_build)."""
+    where = f"{args.params}: {args.section}.llama_cpp"
     known = {"enabled", "version", "cmake_args", "skip_common", "num_pred_tokens", "max_ngram_size"}
-    if not isinstance(section, dict) or set(section) - known:
-        parser.error(f"peers.llama_cpp must be a mapping of {', '.join(sorted(known))}"
-                     + (f"; {sorted(set(section) - known)[0]} is not one" if isinstance(section, dict) else ""))
-    if not section.get("enabled", False):
+    if not isinstance(section, dict) or "enabled" not in section or set(section) - known:
+        parser.error(f"{where} must be a mapping with `enabled` and any of {', '.join(sorted(known - {'enabled'}))}"
+                     + (f"; {sorted(set(section) - known)[0]} is not one" if isinstance(section, dict)
+                        and set(section) - known else ""))
+    if not section["enabled"]:
         args.llama_cpp = None
+    elif args.llama_cpp is None or args.gguf is None:
+        parser.error(f"{where}.enabled is true: pass the llama_cpp stage's folder (--llama-cpp) and the GGUF (--gguf)")
     for key in ("num_pred_tokens", "max_ngram_size"):
         if key in section:
             setattr(args, f"llama_{key}", int(section[key]))
 
 
 def main(argv: list[str] | None = None) -> int:
+    started = time.perf_counter()  # the stage's wall time goes into its report and metrics (stage_s)
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--hf", type=Path, required=True, help="HF checkpoint folder (weights stage)")
     parser.add_argument("--prompts", type=Path, required=True, help="Spec-Bench question.jsonl")
@@ -786,6 +798,7 @@ def main(argv: list[str] | None = None) -> int:
             llama_cpp=args.llama_cpp, gguf=args.gguf,
             llama_lookup={"max_ngram_size": args.llama_max_ngram_size, "num_pred_tokens": args.llama_num_pred_tokens},
         )
+    report["stage_s"] = round(time.perf_counter() - started, 1)
     write_text_atomic(args.out, json.dumps(report, indent=2) + "\n")
     if args.metrics:
         write_text_atomic(args.metrics, json.dumps(metrics(report), indent=2) + "\n")

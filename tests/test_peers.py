@@ -382,33 +382,44 @@ LLAMA_BUILT = Path(__file__).parents[1] / "artifacts" / "peers" / "llama_cpp"  #
 def test_llama_build_params_of_the_repo_and_their_errors(tmp_path):
     from pipeline.llama_build import LlamaBuild, read_build
 
-    build = read_build(Path(__file__).parents[1] / "params.yaml")
+    repo_params = Path(__file__).parents[1] / "params.yaml"
+    build = read_build(repo_params, "peers")  # the quick profile's stage builds it for both profiles
     assert build.version == "0.3.36" and "-DLLAVA_BUILD=OFF" in build.cmake_args  # no multimodal library
-    assert "-DGGML_NATIVE=ON" in build.cmake_args  # the CPU's own instructions, as a user's build
+    assert "-DGGML_NATIVE=ON" in build.cmake_args and build.skip_common  # the CPU's own instructions
     params = tmp_path / "params.yaml"
     params.write_text("peers: {llama_cpp: {enabled: true, version: 0.3, cmake_args: []}}\n")  # a float
     with pytest.raises(ValueError, match="peers.llama_cpp.version must be a quoted string"):
-        read_build(params)
-    params.write_text("peers: {llama_cpp: {enabled: true, version: '0.3.36'}}\n")
-    with pytest.raises(ValueError, match="peers.llama_cpp.cmake_args is missing"):
-        read_build(params)
+        read_build(params, "peers")
+    params.write_text("peers_full: {llama_cpp: {enabled: true, version: '0.3.36'}}\n")
+    with pytest.raises(ValueError, match="peers_full.llama_cpp.cmake_args is missing"):
+        read_build(params, "peers_full")
+    params.write_text("peers: {llama_cpp: true}\n")
+    with pytest.raises(ValueError, match="peers.llama_cpp must be a mapping with `enabled`"):
+        read_build(params, "peers")
+    params.write_text("peers: {llama_cpp: {enabled: false}}\npeers_full: {threads: 2}\n")  # off, or absent
+    assert read_build(params, "peers") is None and read_build(params, "peers_full") is None
+    with pytest.raises(SystemExit, match="no section 'peers_ful'"):
+        read_build(params, "peers_ful")
     with pytest.raises(ValueError, match="exact version"):
-        LlamaBuild(True, ">=0.3", ())
+        LlamaBuild(">=0.3", ())
     with pytest.raises(ValueError, match="-DNAME=VALUE without spaces, got 'GGML_NATIVE=ON'"):
-        LlamaBuild(True, "0.3.36", ("GGML_NATIVE=ON",))
+        LlamaBuild("0.3.36", ("GGML_NATIVE=ON",))
 
 
 def test_llama_build_command_installs_into_a_folder_from_source_without_pips_wheel_cache(tmp_path):
-    from pipeline.llama_build import LlamaBuild, check_source, cmake_env, pip_command
+    from pipeline.llama_build import LlamaBuild, beside_command, check_source, cmake_env, pip_command
 
-    build = LlamaBuild(True, "0.3.36", ("-DLLAVA_BUILD=OFF", "-DGGML_NATIVE=ON"))
+    build = LlamaBuild("0.3.36", ("-DLLAVA_BUILD=OFF", "-DGGML_NATIVE=ON"))
     cmd = pip_command(build, tmp_path / "out")
     assert cmd[1:4] == ["-m", "pip", "install"] and cmd[-1] == "llama-cpp-python==0.3.36"
     assert cmd[cmd.index("--target") + 1] == str(tmp_path / "out")
     assert cmd[cmd.index("--no-binary") + 1] == "llama-cpp-python"  # built here, with our CMake args
     assert {"--no-deps", "--no-cache-dir"} <= set(cmd)  # the cache would ignore CMAKE_ARGS
+    beside = beside_command(tmp_path / "out")  # llama_cpp's dependency the environment lacks, beside it
+    assert beside[beside.index("--target") + 1] == str(tmp_path / "out") and beside[-1] == "diskcache==5.6.3"
+    assert beside[beside.index("--only-binary") + 1] == ":all:"
     assert cmake_env(build, Path("h.cmake")) == {"CMAKE_ARGS": "-DLLAVA_BUILD=OFF -DGGML_NATIVE=ON"}
-    lean = LlamaBuild(True, "0.3.36", ("-DGGML_NATIVE=ON",), skip_common=True)  # the hook file runs in llama.cpp
+    lean = LlamaBuild("0.3.36", ("-DGGML_NATIVE=ON",), skip_common=True)  # the hook file runs in llama.cpp
     assert cmake_env(lean, Path("/t/h.cmake")) == {
         "CMAKE_ARGS": "-DGGML_NATIVE=ON -DCMAKE_PROJECT_llama.cpp_INCLUDE=/t/h.cmake"}
     sdist = tmp_path / "llama_cpp_python-0.3.35.tar.gz"
@@ -445,17 +456,20 @@ def test_llama_build_names_a_missing_compiler_and_the_cause_of_a_failed_build(tm
                                                                 "print('CMake Error at CMakeLists.txt:1'); exit(1)"])
     out = tmp_path / "artifacts" / "llama_cpp"
     with pytest.raises(RuntimeError, match=r"failed: CMake failed to configure or build llama.cpp .* pip exited 1"):
-        llama_build.build_llama_cpp(llama_build.LlamaBuild(True, "0.3.36", ()), out)
+        llama_build.build_llama_cpp(llama_build.LlamaBuild("0.3.36", ()), out)
     assert not out.exists() and "CMake Error" in (out.parent / ".llama_cpp.build.log").read_text()
 
 
 def test_llama_build_disabled_writes_its_record_and_the_peers_refuse_it(tmp_path):
-    from pipeline.llama_build import LlamaBuild, build_llama_cpp, read_record
+    from pipeline.llama_build import build_llama_cpp, main, read_record
 
     out = tmp_path / "llama_cpp"
-    record = build_llama_cpp(LlamaBuild(False, "0.3.36", ("-DLLAVA_BUILD=OFF",)), out)
-    assert record == {"enabled": False, "version": "0.3.36", "cmake_args": ("-DLLAVA_BUILD=OFF",),
-                      "skip_common": False, "built": False}
+    params = tmp_path / "params.yaml"
+    params.write_text("peers: {llama_cpp: {enabled: false, version: '0.3.36', cmake_args: []}}\n")
+    assert main(["--params", str(params), "--section", "peers", "--out", str(out)]) == 0  # nothing built
+    assert json.loads((out / "llama_build.json").read_text()) == {"enabled": False, "built": False}
+    record = build_llama_cpp(None, out)
+    assert record == {"enabled": False, "built": False}
     assert json.loads((out / "llama_build.json").read_text())["built"] is False
     with pytest.raises(ValueError, match="llama.cpp was not built"):
         read_record(out)
@@ -500,21 +514,30 @@ def test_llama_context_gguf_lookup_and_worker_config(tmp_path):
         peers.run(tmp_path, tmp_path / "q.jsonl", tmp_path, llama_cpp=tmp_path)
 
 
-def test_llama_params_enable_the_peer_and_set_its_lookup(tmp_path, monkeypatch):
+def test_llama_params_enable_the_peer_and_set_its_lookup(tmp_path, monkeypatch, capsys):
     seen = {}
     monkeypatch.setattr(peers, "run", lambda *a, **kw: seen.update(kw) or {"runs": []})
     params = tmp_path / "params.yaml"
     argv = ["--hf", "h", "--prompts", "q", "--out", str(tmp_path / "r.json"), "--params", str(params),
-            "--llama-cpp", "built", "--gguf", "g"]
-    params.write_text("peers: {llama_cpp: {enabled: true, version: '0.3.36', cmake_args: [], num_pred_tokens: 5}}\n")
-    assert peers.main(argv) == 0
+            "--section", "peers_full"]
+    params.write_text("peers_full: {llama_cpp: {enabled: true, version: '0.3.36', cmake_args: [], "
+                      "num_pred_tokens: 5}}\n")
+    assert peers.main([*argv, "--llama-cpp", "built", "--gguf", "g"]) == 0
     assert seen["llama_cpp"] == Path("built") and seen["gguf"] == Path("g")
     assert seen["llama_lookup"] == {"max_ngram_size": 2, "num_pred_tokens": 5}
-    params.write_text("peers: {llama_cpp: {enabled: false, version: '0.3.36', cmake_args: []}}\n")
-    assert peers.main(argv) == 0 and seen["llama_cpp"] is None  # disabled: the folder given is not used
-    params.write_text("peers: {llama_cpp: {enabled: true, num_pred: 5}}\n")
+    assert isinstance(json.loads((tmp_path / "r.json").read_text())["stage_s"], float)  # the stage's wall time
+    with pytest.raises(SystemExit):  # enabled, but no build folder to run
+        peers.main(argv)
+    err = capsys.readouterr().err
+    assert "peers_full.llama_cpp.enabled is true: pass the llama_cpp stage's folder (--llama-cpp)" in err
+    params.write_text("peers_full: {llama_cpp: {enabled: false}}\n")
+    assert peers.main([*argv, "--llama-cpp", "built", "--gguf", "g"]) == 0
+    assert seen["llama_cpp"] is None  # disabled: the folder given is not used
+    params.write_text("peers_full: {llama_cpp: {enabled: true, num_pred: 5}}\n")
     with pytest.raises(SystemExit):
         peers.main(argv)
+    err = capsys.readouterr().err
+    assert "peers_full.llama_cpp must be a mapping with `enabled`" in err and "num_pred is not one" in err
 
 
 def test_metrics_give_our_ratios_over_llama_cpp_and_its_lookup_is_matched_to_its_plain_run():
@@ -527,9 +550,13 @@ def test_metrics_give_our_ratios_over_llama_cpp_and_its_lookup_is_matched_to_its
     assert [r.get("token_match_plain") for r in runs] == [None, None, 1.0]
     for r in runs:
         r["prefill_s"] = 0.1
-    m = metrics({"threads": 2, "prompt_ids": [[9]], "max_new_tokens": 3, "runs": runs})
+    m = metrics({"threads": 2, "prompt_ids": [[9]], "max_new_tokens": 3, "runs": runs, "stage_s": 12.5})
     assert m["ratios"] == {"specrt/int8/baseline / llama.cpp/q4_k_m/plain": 0.75,
                            "specrt/int8/baseline / llama.cpp/q4_k_m/prompt_lookup": 0.625}
+    # llama.cpp's prompt lookup against llama.cpp plain; against ours: 2 of 3 tokens
+    assert m["runs"]["llama.cpp/q4_k_m/prompt_lookup"] == {"decode_tokens_per_s": 48.0, "prefill_s": 0.1,
+                                                            "token_match": 0.666667, "token_match_plain": 1.0}
+    assert "token_match_plain" not in m["runs"]["llama.cpp/q4_k_m/plain"] and m["stage_s"] == 12.5
 
 
 @pytest.mark.skipif(not (LLAMA_BUILT / "llama_cpp").is_dir(),
