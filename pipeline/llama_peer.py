@@ -94,11 +94,16 @@ class CountingLookup:
 
 def llama_model(llama_cpp: Any, gguf_path: Path, threads: int | None, n_ctx: int,
                 lookup: dict[str, int] | None) -> tuple[Any, CountingLookup | None]:
-    """A ``Llama`` on ``gguf_path`` (CPU, quiet), with prompt lookup as its draft model when ``lookup``."""
+    """A ``Llama`` on ``gguf_path`` (CPU, quiet), with prompt lookup as its draft model when ``lookup``.
+
+    With a draft model the ``Llama`` keeps every position's logits, but llama-cpp-python 0.3.36 sizes
+    its score buffer by the ``logits_all`` argument (``n_batch`` rows when False): a prompt longer
+    than ``n_batch`` (512) then fails with "could not broadcast input array ... into shape (0,)".
+    ``logits_all=True`` with the draft model gives the buffer its ``n_ctx`` rows."""
     draft = CountingLookup(lookup) if lookup else None  # generate() only calls it (no type check)
     kwargs: dict[str, Any] = {"n_threads": threads, "n_threads_batch": threads} if threads is not None else {}
     llama = llama_cpp.Llama(model_path=str(gguf_path), n_ctx=n_ctx, n_gpu_layers=0, draft_model=draft,
-                            verbose=False, **kwargs)
+                            logits_all=draft is not None, verbose=False, **kwargs)
     return llama, draft
 
 

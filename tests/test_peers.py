@@ -559,6 +559,27 @@ def test_metrics_give_our_ratios_over_llama_cpp_and_its_lookup_is_matched_to_its
     assert "token_match_plain" not in m["runs"]["llama.cpp/q4_k_m/plain"] and m["stage_s"] == 12.5
 
 
+def test_llama_model_with_prompt_lookup_keeps_every_positions_logits(monkeypatch, tmp_path):
+    # llama-cpp-python 0.3.36 sizes its score buffer by the logits_all argument: without it, a prompt
+    # longer than n_batch fails under a draft model (pipeline/llama_peer.py, llama_model)
+    import types
+
+    from pipeline.llama_peer import CountingLookup, llama_model
+
+    made = []
+    speculative = types.ModuleType("llama_cpp.llama_speculative")
+    speculative.LlamaPromptLookupDecoding = lambda **kw: ("lookup", kw)
+    monkeypatch.setitem(sys.modules, "llama_cpp.llama_speculative", speculative)
+    fake = types.SimpleNamespace(Llama=lambda **kw: made.append(kw) or "llama")
+    llama, draft = llama_model(fake, tmp_path / "m.gguf", 2, 700, {"max_ngram_size": 2, "num_pred_tokens": 10})
+    assert llama == "llama" and isinstance(draft, CountingLookup)
+    assert draft.inner == ("lookup", {"max_ngram_size": 2, "num_pred_tokens": 10})
+    assert made[0]["draft_model"] is draft and made[0]["logits_all"] is True and made[0]["n_ctx"] == 700
+    assert (made[0]["n_threads"], made[0]["n_threads_batch"], made[0]["n_gpu_layers"]) == (2, 2, 0)
+    assert llama_model(fake, tmp_path / "m.gguf", None, 700, None) == ("llama", None)
+    assert made[1]["draft_model"] is None and made[1]["logits_all"] is False and "n_threads" not in made[1]
+
+
 @pytest.mark.skipif(not (LLAMA_BUILT / "llama_cpp").is_dir(),
                     reason=f"no llama.cpp build at {LLAMA_BUILT} (dvc repro llama_cpp, or python -m "
                     "pipeline.llama_build --params params.yaml --out artifacts/peers/llama_cpp)")
@@ -573,12 +594,14 @@ def test_llama_cpp_plain_repeats_and_its_prompt_lookup_equals_it(tiny_hf, hf_pla
     eos = json.loads((hf_dir / "config.json").read_text())["eos_token_id"]
     lookup = {"max_ngram_size": 2, "num_pred_tokens": 10}
     options = ({"speculative": None}, {"speculative": lookup})
+    long = np.resize(prompts[0], 600)  # past n_batch (512): the lookup run keeps every position's logits
     config = WorkerConfig("llama_cpp", str(gguf_path), 1, (eos,), tuple(int(t) for t in prompts[0]), 4, options,
-                          package=str(LLAMA_BUILT), n_ctx=n_ctx_for(prompts, NEW_TOKENS, lookup))
+                          package=str(LLAMA_BUILT), n_ctx=n_ctx_for([*prompts, long], NEW_TOKENS, lookup))
     with PeerWorker("llama.cpp", config) as worker:
         plain = [worker.generate(p, NEW_TOKENS, options[0]) for p in prompts]
         again = [worker.generate(p, NEW_TOKENS, options[0]) for p in prompts]
         spec = [worker.generate(p, NEW_TOKENS, options[1]) for p in prompts]
+        assert 1 <= len(worker.generate(long, NEW_TOKENS, options[1])[0]) <= NEW_TOKENS
     plain_ids = [r[0].tolist() for r in plain]
     assert [r[0].tolist() for r in again] == plain_ids  # greedy repeats itself
     assert [r[0].tolist() for r in spec] == plain_ids  # prompt lookup: token match 1.0 vs its plain run
