@@ -30,6 +30,7 @@ Peers, each greedy, batch 1, on the CPU, with the same intra-op thread count as 
   plain and with llama-cpp-python's ``LlamaPromptLookupDecoding`` as draft model
   (:mod:`pipeline.llama_peer`), ``n_threads`` = ``n_threads_batch`` = ``--threads``. The same in
   every run of the stage whatever our variant: our int4 and int8 are each timed against it.
+  ``--params``: ``<section>.llama_cpp.enabled`` switches it (on in ``peers`` and ``peers_full``).
 - ``specrt/<variant>/baseline`` and ``specrt/<variant>/<method>`` for each of ``--methods``
   (default ``pld``) when ``--artifact`` names one of our artifacts: then the prompts are encoded by
   that artifact, and every peer's token match is reported against specrt's plain decoding. Each
