@@ -10,8 +10,9 @@ docstring). Only one worker computes at a time; the others wait on their pipe.
     parent closes stdin ──► worker exits
 
 A request: ``{"prompt": [ids], "max_new_tokens": n, "options": {...}}`` where the options are the
-run's: ``{"method": "pld", "cold": bool}`` (specrt), ``{"speculative": {...} | null}`` (onnxruntime-genai),
-``{"prompt_lookup": N | null}`` (transformers). A result: ``{"ids": [new ids], "prefill_s",
+run's: ``{"method": "pld", "cold": bool}`` (specrt), ``{"speculative": {...} | null}`` (onnxruntime-genai;
+llama.cpp: ``{"max_ngram_size", "num_pred_tokens"}`` of its prompt lookup), ``{"prompt_lookup": N | null}``
+(transformers). A result: ``{"ids": [new ids], "prefill_s",
 "decode_s", "first_tokens", "stats"}`` (the per-prompt tuple of ``peers._tally``), or
 ``{"error": "..."}``. Lines are JSON on the worker's original stdout; anything a library prints
 goes to its stderr, which is the parent's (the stage's log).
@@ -30,7 +31,7 @@ from typing import Any, TextIO
 
 import numpy as np
 
-KINDS = ("specrt", "genai", "hf")
+KINDS = ("specrt", "genai", "hf", "llama_cpp")
 # (prompt ids [t] int64, max_new_tokens, run options) -> (new ids [k], prefill_s, decode_s, first_tokens, stats)
 Generate = Callable[[np.ndarray, int, dict[str, Any]], tuple[np.ndarray, float, float, int, dict[str, Any]]]
 
@@ -38,19 +39,25 @@ Generate = Callable[[np.ndarray, int, dict[str, Any]], tuple[np.ndarray, float, 
 @dataclass(frozen=True)
 class WorkerConfig:
     kind: str  # one of KINDS
-    path: str  # specrt artifact folder, genai model folder, or HF checkpoint folder
+    path: str  # specrt artifact folder, genai model folder, HF checkpoint folder, or GGUF file (llama_cpp)
     threads: int | None
     eos_token_ids: tuple[int, ...]
     warmup_prompt: tuple[int, ...]  # generated untimed (warmup_tokens new tokens) once per options entry
     warmup_tokens: int
     warmup_options: tuple[dict[str, Any], ...] = field(default=({},))
     datastore: str | None = None  # specrt: the retrieval datastore folder (rest, sam_decoding, asam*)
+    package: str | None = None  # llama_cpp: the folder holding the llama_cpp package (pipeline.llama_build)
+    n_ctx: int | None = None  # llama_cpp: context tokens (prompt + new tokens + one round of drafts)
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
             raise ValueError(f"peer worker kind must be one of {KINDS}, got {self.kind!r}")
         if self.datastore is not None and self.kind != "specrt":
             raise ValueError(f"peer worker {self.kind!r}: only specrt takes a datastore")
+        if self.kind == "llama_cpp" and (self.package is None or self.n_ctx is None):
+            raise ValueError("peer worker 'llama_cpp' needs package (the llama_cpp stage's folder) and n_ctx")
+        if self.kind != "llama_cpp" and (self.package is not None or self.n_ctx is not None):
+            raise ValueError(f"peer worker {self.kind!r}: only llama_cpp takes package and n_ctx")
 
 
 def _specrt_loader(config: WorkerConfig) -> Generate:
@@ -107,8 +114,27 @@ def _hf_loader(config: WorkerConfig) -> Generate:
     return generate
 
 
+def _llama_cpp_loader(config: WorkerConfig) -> Generate:
+    """One ``Llama`` per distinct ``speculative`` option (plain; prompt lookup), made on first use."""
+    from .llama_peer import import_llama_cpp, llama_generate, llama_model
+
+    llama_cpp = import_llama_cpp(config.package)
+    eos = frozenset(config.eos_token_ids)
+    models: dict[str, tuple[Any, Any]] = {}
+
+    def generate(prompt: np.ndarray, n: int, options: dict[str, Any]) -> tuple[np.ndarray, float, float, int, dict]:
+        lookup = options.get("speculative")
+        key = json.dumps(lookup, sort_keys=True)
+        if key not in models:
+            models[key] = llama_model(llama_cpp, Path(config.path), config.threads, config.n_ctx, lookup)
+        ids, prefill_s, decode_s, stats = llama_generate(*models[key], prompt, n, eos)
+        return ids, prefill_s, decode_s, 1, stats
+
+    return generate
+
+
 LOADERS: dict[str, Callable[[WorkerConfig], Generate]] = {
-    "specrt": _specrt_loader, "genai": _genai_loader, "hf": _hf_loader,
+    "specrt": _specrt_loader, "genai": _genai_loader, "hf": _hf_loader, "llama_cpp": _llama_cpp_loader,
 }
 
 

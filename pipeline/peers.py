@@ -24,6 +24,13 @@ Peers, each greedy, batch 1, on the CPU, with the same intra-op thread count as 
   ``prune_lm_head`` (the builder's default).
 - ``hf/fp32/plain`` and ``hf/fp32/prompt_lookup``: transformers ``generate`` (torch, fp32) on the HF
   checkpoint, plain and with ``prompt_lookup_num_tokens=N``, after ``torch.set_num_threads(threads)``.
+- ``llama.cpp/<quant>/plain`` and ``llama.cpp/<quant>/prompt_lookup`` with ``--llama-cpp`` (the
+  ``llama_cpp`` stage's build of llama-cpp-python, :mod:`pipeline.llama_build`): llama.cpp on the
+  GGUF the weights stage assembled (``--gguf``; ``<quant>`` its file type, e.g. ``q4_k_m``), greedy,
+  plain and with llama-cpp-python's ``LlamaPromptLookupDecoding`` as draft model
+  (:mod:`pipeline.llama_peer`), ``n_threads`` = ``n_threads_batch`` = ``--threads``. The same in
+  every run of the stage whatever our variant: our int4 and int8 are each timed against it.
+  ``--params``: ``<section>.llama_cpp.enabled`` switches it (on in ``peers`` and ``peers_full``).
 - ``specrt/<variant>/baseline`` and ``specrt/<variant>/<method>`` for each of ``--methods``
   (default ``pld``) when ``--artifact`` names one of our artifacts: then the prompts are encoded by
   that artifact, and every peer's token match is reported against specrt's plain decoding. Each
@@ -50,6 +57,9 @@ transformers' prompt lookup has no separate prefill: its first pass verifies dra
 prompt, so its first ``put`` may carry several tokens; they count as prefill tokens
 (``prefill_tokens``), and ``decode_tokens`` = new tokens - prefill tokens. (onnxruntime-genai's
 first ``generate_next_token`` samples from the prefill logits only: its n-gram rounds start after.)
+llama.cpp: ``Llama.generate`` yields the first new token after evaluating the prompt (its prompt
+lookup drafts only after it): that yield ends the prefill; each generation starts from an empty
+KV cache.
 
 Order: every model runs in its own worker process (:mod:`pipeline.peer_worker`: one onnxruntime
 session or torch model per process, one process computing at a time), and the runs are
@@ -84,6 +94,8 @@ import numpy as np
 from .atomic import staged_dir, write_text_atomic
 from .bench import matched_prefix
 from .checkpoint import full_checkpoint, has_weights, load_causal_lm
+from .llama_build import read_record
+from .llama_peer import LLAMA_LOOKUP
 from .lossless import RETRIEVAL
 from .params import stage_params
 from .specbench import first_per_task, read_questions
@@ -484,6 +496,9 @@ def run(
     rebuild: bool = False,
     rounds: int = 2,
     transformers_prompts: int | None = None,
+    llama_cpp: Path | None = None,
+    gguf: Path | None = None,
+    llama_lookup: dict[str, int] | None = None,
 ) -> dict[str, Any]:
     """Worker of the CLI: builds the genai models under ``build_dir/<precision>``, runs every peer
     on the same prompt ids, and returns the report. ``methods``: specrt's methods run on
@@ -493,11 +508,20 @@ def run(
     Every model runs in its own worker process (:mod:`pipeline.peer_worker`); the generations are
     interleaved prompt by prompt over ``rounds`` rounds (:func:`interleave`), the transformers runs
     in the first round only and on the first ``transformers_prompts`` prompts (None: all): they are
-    ~7x slower than every ONNX peer and decide no goal."""
+    ~7x slower than every ONNX peer and decide no goal.
+
+    ``llama_cpp``: the folder of the ``llama_cpp`` stage (:mod:`pipeline.llama_build`); with it,
+    llama.cpp runs ``gguf`` (a file, or the weights stage's folder holding one) plain and with its
+    prompt lookup (``llama_lookup``, default :data:`pipeline.llama_peer.LLAMA_LOOKUP`)."""
+    from .llama_peer import find_gguf, gguf_quant, n_ctx_for
     from .peer_worker import PeerWorker, WorkerConfig
 
     if rounds < 1:
         raise ValueError(f"rounds must be >= 1, got {rounds}")
+    if llama_cpp is not None and gguf is None:
+        raise ValueError("the llama.cpp peer (--llama-cpp) needs the GGUF to run (--gguf)")
+    llama_record = read_record(llama_cpp) if llama_cpp is not None else None
+    llama_lookup = dict(LLAMA_LOOKUP if llama_lookup is None else llama_lookup)
     if datastore is None and (need := sorted(set(methods) & RETRIEVAL)):
         raise ValueError(f"methods {need} draft from a retrieval datastore: pass one (--datastore, a folder "
                          "built by `python -m pipeline.corpora`) or leave them out")
@@ -562,6 +586,16 @@ def run(
                 PeerWorker(key, config("genai", Path(build_dir) / precision, options)))
             runs += [PeerRun(f"ort-genai/{precision}/plain", key, options[0]),
                      PeerRun(f"ort-genai/{precision}/ngram", key, options[1])]
+        if llama_cpp is not None:
+            gguf_path = find_gguf(gguf)
+            options = [{"speculative": None}, {"speculative": llama_lookup}]
+            workers["llama.cpp"] = stack.enter_context(PeerWorker("llama.cpp", WorkerConfig(
+                "llama_cpp", str(gguf_path.resolve()), threads, tuple(eos), tuple(int(t) for t in prompts[0]),
+                min(WARMUP_TOKENS, max_new_tokens), tuple(options), package=str(Path(llama_cpp).resolve()),
+                n_ctx=n_ctx_for(prompts, max_new_tokens, llama_lookup))))
+            quant = gguf_quant(gguf_path)
+            runs += [PeerRun(f"llama.cpp/{quant}/plain", "llama.cpp", options[0]),
+                     PeerRun(f"llama.cpp/{quant}/prompt_lookup", "llama.cpp", options[1])]
         if hf:
             runs += [PeerRun(f"hf/fp32/{'prompt_lookup' if o['prompt_lookup'] else 'plain'}", "hf", o, rounds=1,
                              prompts=transformers_prompts) for o in hf_options]
@@ -592,6 +626,7 @@ def run(
         "cpu_count": os.cpu_count(),
         "versions": versions(),
         "builds": builds,
+        "llama_cpp_build": llama_record,
         "runs": reports,
     }
 
@@ -637,11 +672,14 @@ def _report(peer_run: PeerRun, by_round: Sequence[Sequence[tuple]]) -> dict[str,
 
 
 def metrics(report: dict[str, Any]) -> dict[str, Any]:
-    """Decode tok/s, prefill and token match per run, and every specrt run's decode tok/s over
-    every peer's (``ratios["specrt/int4/pld / ort-genai/int4/ngram"]``: summed over the rounds;
-    ``round_ratios``: the same ratio in each round both runs took part in)."""
-    runs = {r["name"]: {k: r[k] for k in ("decode_tokens_per_s", "prefill_s", "token_match")}
-            for r in report["runs"]}
+    """Decode tok/s, prefill and token match per run (and ``token_match_plain``, a speculative peer's
+    match against its own plain run, e.g. llama.cpp's prompt lookup against llama.cpp plain), and
+    every specrt run's decode tok/s over every peer's (``ratios["specrt/int4/pld /
+    ort-genai/int4/ngram"]``, ``ratios["specrt/int4/baseline / llama.cpp/q4_k_m/plain"]``: summed
+    over the rounds; ``round_ratios``: the same ratio in each round both runs took part in);
+    ``stage_s`` when the report has it."""
+    keys = ("decode_tokens_per_s", "prefill_s", "token_match", "token_match_plain")
+    runs = {r["name"]: {k: r[k] for k in keys if k in r} for r in report["runs"]}
     per_round = {r["name"]: r.get("round_decode_tokens_per_s", [r["decode_tokens_per_s"]]) for r in report["runs"]}
     ours = [n for n in runs if n.startswith("specrt/")]
     pairs = [(a, b) for a in ours for b in runs if b not in ours and runs[b]["decode_tokens_per_s"] > 0]
@@ -650,9 +688,12 @@ def metrics(report: dict[str, Any]) -> dict[str, Any]:
     round_ratios = {f"{a} / {b}": [round(x / y, 3) for x, y in zip(per_round[a], per_round[b], strict=False)
                                   if y > 0]
                     for a, b in pairs}
-    return {"threads": report["threads"], "prompts": len(report["prompt_ids"]), "rounds": report.get("rounds", 1),
-            "max_new_tokens": report["max_new_tokens"], "runs": runs, "ratios": ratios,
-            "round_ratios": round_ratios}
+    out = {"threads": report["threads"], "prompts": len(report["prompt_ids"]), "rounds": report.get("rounds", 1),
+           "max_new_tokens": report["max_new_tokens"], "runs": runs, "ratios": ratios,
+           "round_ratios": round_ratios}
+    if "stage_s" in report:
+        out["stage_s"] = report["stage_s"]
+    return out
 
 
 def artifact_variant(folder: Path) -> str:
@@ -662,7 +703,27 @@ def artifact_variant(folder: Path) -> str:
     return read_manifest(Path(folder), check_hashes=False).variant
 
 
+def _llama_params(parser: argparse.ArgumentParser, args: argparse.Namespace, section: Any) -> None:
+    """``<section>.llama_cpp`` of params.yaml: ``enabled: false`` drops ``--llama-cpp``, ``enabled: true``
+    needs it and ``--gguf``; the lookup options set ``--llama-*``; ``version``, ``cmake_args`` and
+    ``skip_common`` are the build stage's (pipeline.llama_build)."""
+    where = f"{args.params}: {args.section}.llama_cpp"
+    known = {"enabled", "version", "cmake_args", "skip_common", "num_pred_tokens", "max_ngram_size"}
+    if not isinstance(section, dict) or "enabled" not in section or set(section) - known:
+        parser.error(f"{where} must be a mapping with `enabled` and any of {', '.join(sorted(known - {'enabled'}))}"
+                     + (f"; {sorted(set(section) - known)[0]} is not one" if isinstance(section, dict)
+                        and set(section) - known else ""))
+    if not section["enabled"]:
+        args.llama_cpp = None
+    elif args.llama_cpp is None or args.gguf is None:
+        parser.error(f"{where}.enabled is true: pass the llama_cpp stage's folder (--llama-cpp) and the GGUF (--gguf)")
+    for key in ("num_pred_tokens", "max_ngram_size"):
+        if key in section:
+            setattr(args, f"llama_{key}", int(section[key]))
+
+
 def main(argv: list[str] | None = None) -> int:
+    started = time.perf_counter()  # the stage's wall time goes into its report and metrics (stage_s)
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--hf", type=Path, required=True, help="HF checkpoint folder (weights stage)")
     parser.add_argument("--prompts", type=Path, required=True, help="Spec-Bench question.jsonl")
@@ -693,10 +754,20 @@ def main(argv: list[str] | None = None) -> int:
                         help="the transformers runs take the first N prompts (default: all)")
     parser.add_argument("--no-hf", action="store_true", help="leave out the transformers peer")
     parser.add_argument("--rebuild", action="store_true", help="rebuild genai models even if built by the same command")
+    parser.add_argument("--llama-cpp", type=Path, help="the llama_cpp stage's folder (python -m pipeline.llama_build): "
+                        "runs llama.cpp on --gguf, plain and with its prompt lookup")
+    parser.add_argument("--gguf", type=Path, help="the GGUF llama.cpp runs: a file, or a folder holding one "
+                        "(the weights stage's artifacts/M/gguf)")
+    parser.add_argument("--llama-num-pred-tokens", type=int, default=LLAMA_LOOKUP["num_pred_tokens"],
+                        help="LlamaPromptLookupDecoding num_pred_tokens")
+    parser.add_argument("--llama-max-ngram-size", type=int, default=LLAMA_LOOKUP["max_ngram_size"],
+                        help="LlamaPromptLookupDecoding max_ngram_size")
     parser.add_argument("--params", type=Path, help="params.yaml: its `peers` section sets the options above "
                         "(same names; prompts_per_task is --per-task); `variants` is dvc.yaml's (one stage run "
                         "per variant: --artifact and --precisions), `transformers_with` lists the variants of "
-                        "--artifact that also run the transformers peer")
+                        "--artifact that also run the transformers peer; `llama_cpp`: {enabled (false: no "
+                        "llama.cpp runs), num_pred_tokens, max_ngram_size; version, cmake_args, skip_common: "
+                        "the build's}")
     parser.add_argument("--section", default="peers",
                         help="the params.yaml section read by --params (peers_full: the full run)")
     args = parser.parse_args(argv)
@@ -704,7 +775,7 @@ def main(argv: list[str] | None = None) -> int:
         section = stage_params(args.params, args.section)
         known = {"variants", "transformers_with", "methods", "prompts_per_task", "max_prompts", "max_prompt_tokens",
                  "max_new_tokens", "threads", "prompt_lookup", "genai_ngram_size", "genai_max_draft_tokens", "rounds",
-                 "transformers_prompts"}
+                 "transformers_prompts", "llama_cpp"}
         if set(section) - known:
             parser.error(f"{args.params}: {args.section}.{sorted(set(section) - known)[0]} is not an option "
                          f"(known: {', '.join(sorted(known))})")
@@ -712,6 +783,8 @@ def main(argv: list[str] | None = None) -> int:
             if key == "transformers_with":  # without --artifact, transformers is the reference: it runs
                 if args.artifact is not None and artifact_variant(args.artifact) not in value:
                     args.no_hf = True
+            elif key == "llama_cpp":
+                _llama_params(parser, args, value)
             elif key != "variants":
                 setattr(args, {"prompts_per_task": "per_task"}.get(key, key), value)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
@@ -723,7 +796,10 @@ def main(argv: list[str] | None = None) -> int:
             genai_ngram={"ngram_size": args.genai_ngram_size, "max_draft_tokens": args.genai_max_draft_tokens},
             artifact=args.artifact, methods=args.methods, datastore=args.datastore, hf=not args.no_hf,
             rebuild=args.rebuild, rounds=args.rounds, transformers_prompts=args.transformers_prompts,
+            llama_cpp=args.llama_cpp, gguf=args.gguf,
+            llama_lookup={"max_ngram_size": args.llama_max_ngram_size, "num_pred_tokens": args.llama_num_pred_tokens},
         )
+    report["stage_s"] = round(time.perf_counter() - started, 1)
     write_text_atomic(args.out, json.dumps(report, indent=2) + "\n")
     if args.metrics:
         write_text_atomic(args.metrics, json.dumps(metrics(report), indent=2) + "\n")

@@ -7,8 +7,8 @@ Not a DVC stage: it only reads the stages' metrics JSON, the files `dvc metrics 
 - ``<model>/benchmark-<variant>.json`` (stage benchmark): speedup over plain decoding per method,
   chain and tree, overall and per Spec-Bench task; tokens per verify step; token match; prefill;
   the memory roofline of plain decoding;
-- ``<model>/peers-<variant>.json`` (stage peers): decode tok/s of specrt, onnxruntime-genai and
-  transformers on the same prompt ids, and their ratios;
+- ``<model>/peers-<variant>.json`` (stage peers): decode tok/s of specrt, onnxruntime-genai,
+  llama.cpp (where the run had it) and transformers on the same prompt ids, and their ratios;
 - ``<model>/<variant>.json`` (stage quantize), ``<model>/export.json``: size, fidelity to fp32,
   the spec-safety gate, decode ms per token, parity;
 - ``<model>/lossless-<variant>.json`` (stage lossless): every method, chain and tree, equal to plain
@@ -218,6 +218,8 @@ def peers_section(m: Metrics, rel: str, report: dict[str, Any], level: str) -> l
     variant = Path(rel).stem.removeprefix("peers-")
     genai_plain = next((n for n in runs if n.startswith("ort-genai/") and n.endswith("/plain")), None)
     genai_ngram = next((n for n in runs if n.startswith("ort-genai/") and n.endswith("/ngram")), None)
+    llama_plain = next((n for n in runs if n.startswith("llama.cpp/") and n.endswith("/plain")), None)
+    llama_lookup = next((n for n in runs if n.startswith("llama.cpp/") and n.endswith("/prompt_lookup")), None)
     ratios = report.get("ratios", {})
     ci95 = report.get("ci95", {})
     rounds = report.get("round_ratios", {})
@@ -225,6 +227,10 @@ def peers_section(m: Metrics, rel: str, report: dict[str, Any], level: str) -> l
              f"{report.get('prompts', '?')} prompts, {report.get('max_new_tokens', '?')} new tokens, "
              f"{threads_text(report.get('threads'))} threads, {report.get('rounds', 1)} round(s); token match: "
              "the share of tokens equal to specrt's plain decoding of the same variant.", ""]
+    if llama_plain is not None:
+        lines[-1:] = [f"llama.cpp (`{llama_plain.split('/')[1]}`) runs the weights stage's GGUF, plain and with its "
+                      "prompt lookup; `own plain`: a speculative peer's token match against its own plain decoding "
+                      "(1.000: lossless on these prompts).", ""]
 
     def versus(name: str, reference: str | None) -> str:
         if reference is None:
@@ -242,10 +248,15 @@ def peers_section(m: Metrics, rel: str, report: dict[str, Any], level: str) -> l
             text += f" (rounds {min(spread):.2f}-{max(spread):.2f})"
         return text
 
+    header = ["run", "decode tok/s", "prefill s", "token match", "vs genai plain", "vs genai n-gram"]
     body = [[name, number(r["decode_tokens_per_s"], 1), number(r.get("prefill_s"), 1),
              number(r.get("token_match"), 3), versus(name, genai_plain), versus(name, genai_ngram)]
             for name, r in runs.items()]
-    lines += table(["run", "decode tok/s", "prefill s", "token match", "vs genai plain", "vs genai n-gram"], body)
+    if llama_plain is not None:  # columns of their own only where the run had a llama.cpp peer
+        header += ["vs llama.cpp plain", "vs llama.cpp lookup", "own plain"]
+        for row, (name, r) in zip(body, runs.items(), strict=True):
+            row += [versus(name, llama_plain), versus(name, llama_lookup), number(r.get("token_match_plain"), 3)]
+    lines += table(header, body)
     return lines + [""]
 
 
@@ -408,7 +419,7 @@ def bench_and_peers(m: Metrics, bench: Sequence[str], peers: Sequence[str], leve
             lines += benchmark_section(m, rel, r, level + "#")
     loaded = [(rel, r) for rel in peers if (r := m.load(rel)) is not None]
     if loaded:
-        lines += [f"{level} Peers: onnxruntime-genai and transformers on the same prompts", ""]
+        lines += [f"{level} Peers: onnxruntime-genai, llama.cpp and transformers on the same prompts", ""]
         for rel, r in loaded:
             lines += peers_section(m, rel, r, level + "#")
     return lines

@@ -4,6 +4,7 @@ peer gives the ids of transformers' plain greedy decoding."""
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -370,3 +371,241 @@ def test_run_loads_a_gguf_checkpoint_once_and_not_at_all_when_builds_are_reused(
     again = peers.run(tmp_path / "hf", questions, tmp_path / "builds", **options, hf=False)
     assert len(loads) == 1 and again["builds"]["fp32"]["reused"] is True  # nothing to build, no transformers run
     assert again["runs"][0]["ids"] == first["runs"][0]["ids"]
+
+
+# ---------------------------------------------------------------------------------------------
+# llama.cpp (pipeline/llama_build.py, pipeline/llama_peer.py)
+
+LLAMA_BUILT = Path(__file__).parents[1] / "artifacts" / "peers" / "llama_cpp"  # the llama_cpp stage's output
+
+
+def test_llama_build_params_of_the_repo_and_their_errors(tmp_path):
+    from pipeline.llama_build import LlamaBuild, read_build
+
+    repo_params = Path(__file__).parents[1] / "params.yaml"
+    build = read_build(repo_params, "peers")  # the quick profile's stage builds it for both profiles
+    assert build.version == "0.3.36" and "-DLLAVA_BUILD=OFF" in build.cmake_args  # no multimodal library
+    assert "-DGGML_NATIVE=ON" in build.cmake_args and build.skip_common  # the CPU's own instructions
+    params = tmp_path / "params.yaml"
+    params.write_text("peers: {llama_cpp: {enabled: true, version: 0.3, cmake_args: []}}\n")  # a float
+    with pytest.raises(ValueError, match="peers.llama_cpp.version must be a quoted string"):
+        read_build(params, "peers")
+    params.write_text("peers_full: {llama_cpp: {enabled: true, version: '0.3.36'}}\n")
+    with pytest.raises(ValueError, match="peers_full.llama_cpp.cmake_args is missing"):
+        read_build(params, "peers_full")
+    params.write_text("peers: {llama_cpp: true}\n")
+    with pytest.raises(ValueError, match="peers.llama_cpp must be a mapping with `enabled`"):
+        read_build(params, "peers")
+    params.write_text("peers: {llama_cpp: {enabled: false}}\npeers_full: {threads: 2}\n")  # off, or absent
+    assert read_build(params, "peers") is None and read_build(params, "peers_full") is None
+    with pytest.raises(SystemExit, match="no section 'peers_ful'"):
+        read_build(params, "peers_ful")
+    with pytest.raises(ValueError, match="exact version"):
+        LlamaBuild(">=0.3", ())
+    with pytest.raises(ValueError, match="-DNAME=VALUE without spaces, got 'GGML_NATIVE=ON'"):
+        LlamaBuild("0.3.36", ("GGML_NATIVE=ON",))
+
+
+def test_llama_build_command_installs_into_a_folder_from_source_without_pips_wheel_cache(tmp_path):
+    from pipeline.llama_build import LlamaBuild, beside_command, check_source, cmake_env, pip_command
+
+    build = LlamaBuild("0.3.36", ("-DLLAVA_BUILD=OFF", "-DGGML_NATIVE=ON"))
+    cmd = pip_command(build, tmp_path / "out")
+    assert cmd[1:4] == ["-m", "pip", "install"] and cmd[-1] == "llama-cpp-python==0.3.36"
+    assert cmd[cmd.index("--target") + 1] == str(tmp_path / "out")
+    assert cmd[cmd.index("--no-binary") + 1] == "llama-cpp-python"  # built here, with our CMake args
+    assert {"--no-deps", "--no-cache-dir"} <= set(cmd)  # the cache would ignore CMAKE_ARGS
+    beside = beside_command(tmp_path / "out")  # llama_cpp's dependency the environment lacks, beside it
+    assert beside[beside.index("--target") + 1] == str(tmp_path / "out") and beside[-1] == "diskcache==5.6.3"
+    assert beside[beside.index("--only-binary") + 1] == ":all:"
+    assert cmake_env(build, Path("h.cmake")) == {"CMAKE_ARGS": "-DLLAVA_BUILD=OFF -DGGML_NATIVE=ON"}
+    lean = LlamaBuild("0.3.36", ("-DGGML_NATIVE=ON",), skip_common=True)  # the hook file runs in llama.cpp
+    assert cmake_env(lean, Path("/t/h.cmake")) == {
+        "CMAKE_ARGS": "-DGGML_NATIVE=ON -DCMAKE_PROJECT_llama.cpp_INCLUDE=/t/h.cmake"}
+    sdist = tmp_path / "llama_cpp_python-0.3.35.tar.gz"
+    assert pip_command(build, tmp_path / "out", sdist)[-1] == str(sdist)
+    with pytest.raises(FileNotFoundError, match="no such file"):
+        check_source(build, sdist)
+    sdist.write_bytes(b"")
+    with pytest.raises(ValueError, match="is not llama-cpp-python 0.3.36"):
+        check_source(build, sdist)
+
+
+def test_llama_build_names_a_missing_compiler_and_the_cause_of_a_failed_build(tmp_path, monkeypatch):
+    from pipeline import llama_build
+
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(RuntimeError, match=r"needs a C compiler \(CC or one of cc, gcc, clang\) and a C\+\+"):
+        llama_build.check_toolchain({"PATH": str(empty)})
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name in ("gcc", "g++"):
+        (bin_dir / name).write_text("#!/bin/sh\n")
+        (bin_dir / name).chmod(0o755)
+    found = llama_build.check_toolchain({"PATH": str(bin_dir)})
+    assert (found["CC"], found["CXX"], found["cmake"]) == (str(bin_dir / "gcc"), str(bin_dir / "g++"), None)
+
+    assert llama_build.diagnose("...\n-- No CMAKE_CXX_COMPILER could be found.\n") == "CMake found no C++ compiler"
+    assert "no package index is reachable" in llama_build.diagnose("Failed to establish a new connection: x")
+    assert llama_build.diagnose("something else") == "pip failed (see the end of its output)"
+
+    # a build that fails: the error says why, the output folder is not created, the log is kept
+    monkeypatch.setattr(llama_build, "check_toolchain", lambda: {})
+    monkeypatch.setattr(llama_build, "pip_command", lambda *a: [sys.executable, "-c",
+                                                                "print('CMake Error at CMakeLists.txt:1'); exit(1)"])
+    out = tmp_path / "artifacts" / "llama_cpp"
+    with pytest.raises(RuntimeError, match=r"failed: CMake failed to configure or build llama.cpp .* pip exited 1"):
+        llama_build.build_llama_cpp(llama_build.LlamaBuild("0.3.36", ()), out)
+    assert not out.exists() and "CMake Error" in (out.parent / ".llama_cpp.build.log").read_text()
+
+
+def test_llama_build_disabled_writes_its_record_and_the_peers_refuse_it(tmp_path):
+    from pipeline.llama_build import build_llama_cpp, main, read_record
+
+    out = tmp_path / "llama_cpp"
+    params = tmp_path / "params.yaml"
+    params.write_text("peers: {llama_cpp: {enabled: false, version: '0.3.36', cmake_args: []}}\n")
+    assert main(["--params", str(params), "--section", "peers", "--out", str(out)]) == 0  # nothing built
+    assert json.loads((out / "llama_build.json").read_text()) == {"enabled": False, "built": False}
+    record = build_llama_cpp(None, out)
+    assert record == {"enabled": False, "built": False}
+    assert json.loads((out / "llama_build.json").read_text())["built"] is False
+    with pytest.raises(ValueError, match="llama.cpp was not built"):
+        read_record(out)
+    with pytest.raises(FileNotFoundError, match="no llama_build.json"):
+        read_record(tmp_path)
+
+
+def test_llama_prompt_lookup_counters_from_its_proposals():
+    from pipeline.llama_peer import spec_stats
+
+    # a prompt of 3 tokens, then 5 new ones: [5, 6, 7, 8, 2]
+    ids = np.array([5, 6, 7, 8, 2])
+    proposals = [
+        (4, np.array([6, 7, 9], np.intc)),  # after [5]: drafts 6 7 9, emitted 6 7 8 -> 2 accepted
+        (7, np.array([2, 4], np.intc)),  # after [5 6 7 8]: 2 accepted; 4 lies past the stop (not counted)
+    ]
+    assert spec_stats(3, ids, proposals) == {"rounds": 2, "draft_tokens_proposed": 5, "draft_tokens_accepted": 3,
+                                             "target_forward_passes": 3}
+    # no n-gram match: an empty draft, a plain step
+    assert spec_stats(3, np.array([5, 6]), [(4, np.array([], np.intc))])["draft_tokens_accepted"] == 0
+
+
+def test_llama_context_gguf_lookup_and_worker_config(tmp_path):
+    from pipeline.llama_peer import find_gguf, n_ctx_for
+    from pipeline.peer_worker import WorkerConfig
+
+    prompts = [np.zeros(7), np.zeros(30)]
+    assert n_ctx_for(prompts, 64, {"num_pred_tokens": 10, "max_ngram_size": 2}) == 30 + 64 + 10 + 1
+    assert n_ctx_for(prompts, 64, None) == 30 + 64 + 1
+    with pytest.raises(FileNotFoundError, match="found 0"):
+        find_gguf(tmp_path)
+    (tmp_path / "m.gguf").write_bytes(b"")
+    assert find_gguf(tmp_path) == tmp_path / "m.gguf" and find_gguf(tmp_path / "m.gguf") == tmp_path / "m.gguf"
+    (tmp_path / "n.gguf").write_bytes(b"")
+    with pytest.raises(FileNotFoundError, match="found 2"):
+        find_gguf(tmp_path)
+    with pytest.raises(ValueError, match="'llama_cpp' needs package"):
+        WorkerConfig("llama_cpp", "m.gguf", 1, (0,), (1,), 2)
+    with pytest.raises(ValueError, match="'genai': only llama_cpp takes package and n_ctx"):
+        WorkerConfig("genai", "dir", 1, (0,), (1,), 2, n_ctx=64)
+    with pytest.raises(ValueError, match=r"needs the GGUF to run \(--gguf\)"):
+        peers.run(tmp_path, tmp_path / "q.jsonl", tmp_path, llama_cpp=tmp_path)
+
+
+def test_llama_params_enable_the_peer_and_set_its_lookup(tmp_path, monkeypatch, capsys):
+    seen = {}
+    monkeypatch.setattr(peers, "run", lambda *a, **kw: seen.update(kw) or {"runs": []})
+    params = tmp_path / "params.yaml"
+    argv = ["--hf", "h", "--prompts", "q", "--out", str(tmp_path / "r.json"), "--params", str(params),
+            "--section", "peers_full"]
+    params.write_text("peers_full: {llama_cpp: {enabled: true, version: '0.3.36', cmake_args: [], "
+                      "num_pred_tokens: 5}}\n")
+    assert peers.main([*argv, "--llama-cpp", "built", "--gguf", "g"]) == 0
+    assert seen["llama_cpp"] == Path("built") and seen["gguf"] == Path("g")
+    assert seen["llama_lookup"] == {"max_ngram_size": 2, "num_pred_tokens": 5}
+    assert isinstance(json.loads((tmp_path / "r.json").read_text())["stage_s"], float)  # the stage's wall time
+    with pytest.raises(SystemExit):  # enabled, but no build folder to run
+        peers.main(argv)
+    err = capsys.readouterr().err
+    assert "peers_full.llama_cpp.enabled is true: pass the llama_cpp stage's folder (--llama-cpp)" in err
+    params.write_text("peers_full: {llama_cpp: {enabled: false}}\n")
+    assert peers.main([*argv, "--llama-cpp", "built", "--gguf", "g"]) == 0
+    assert seen["llama_cpp"] is None  # disabled: the folder given is not used
+    params.write_text("peers_full: {llama_cpp: {enabled: true, num_pred: 5}}\n")
+    with pytest.raises(SystemExit):
+        peers.main(argv)
+    err = capsys.readouterr().err
+    assert "peers_full.llama_cpp must be a mapping with `enabled`" in err and "num_pred is not one" in err
+
+
+def test_metrics_give_our_ratios_over_llama_cpp_and_its_lookup_is_matched_to_its_plain_run():
+    from pipeline.peers import metrics
+
+    runs = [{"name": "specrt/int8/baseline", "ids": [[1, 2, 3]], "decode_tokens_per_s": 30.0},
+            {"name": "llama.cpp/q4_k_m/plain", "ids": [[1, 2, 4]], "decode_tokens_per_s": 40.0},
+            {"name": "llama.cpp/q4_k_m/prompt_lookup", "ids": [[1, 2, 4]], "decode_tokens_per_s": 48.0}]
+    peers.add_token_match(runs, runs[0])
+    assert [r.get("token_match_plain") for r in runs] == [None, None, 1.0]
+    for r in runs:
+        r["prefill_s"] = 0.1
+    m = metrics({"threads": 2, "prompt_ids": [[9]], "max_new_tokens": 3, "runs": runs, "stage_s": 12.5})
+    assert m["ratios"] == {"specrt/int8/baseline / llama.cpp/q4_k_m/plain": 0.75,
+                           "specrt/int8/baseline / llama.cpp/q4_k_m/prompt_lookup": 0.625}
+    # llama.cpp's prompt lookup against llama.cpp plain; against ours: 2 of 3 tokens
+    assert m["runs"]["llama.cpp/q4_k_m/prompt_lookup"] == {"decode_tokens_per_s": 48.0, "prefill_s": 0.1,
+                                                            "token_match": 0.666667, "token_match_plain": 1.0}
+    assert "token_match_plain" not in m["runs"]["llama.cpp/q4_k_m/plain"] and m["stage_s"] == 12.5
+
+
+def test_llama_model_with_prompt_lookup_keeps_every_positions_logits(monkeypatch, tmp_path):
+    # llama-cpp-python 0.3.36 sizes its score buffer by the logits_all argument: without it, a prompt
+    # longer than n_batch fails under a draft model (pipeline/llama_peer.py, llama_model)
+    import types
+
+    from pipeline.llama_peer import CountingLookup, llama_model
+
+    made = []
+    speculative = types.ModuleType("llama_cpp.llama_speculative")
+    speculative.LlamaPromptLookupDecoding = lambda **kw: ("lookup", kw)
+    monkeypatch.setitem(sys.modules, "llama_cpp.llama_speculative", speculative)
+    fake = types.SimpleNamespace(Llama=lambda **kw: made.append(kw) or "llama")
+    llama, draft = llama_model(fake, tmp_path / "m.gguf", 2, 700, {"max_ngram_size": 2, "num_pred_tokens": 10})
+    assert llama == "llama" and isinstance(draft, CountingLookup)
+    assert draft.inner == ("lookup", {"max_ngram_size": 2, "num_pred_tokens": 10})
+    assert made[0]["draft_model"] is draft and made[0]["logits_all"] is True and made[0]["n_ctx"] == 700
+    assert (made[0]["n_threads"], made[0]["n_threads_batch"], made[0]["n_gpu_layers"]) == (2, 2, 0)
+    assert llama_model(fake, tmp_path / "m.gguf", None, 700, None) == ("llama", None)
+    assert made[1]["draft_model"] is None and made[1]["logits_all"] is False and "n_threads" not in made[1]
+
+
+@pytest.mark.skipif(not (LLAMA_BUILT / "llama_cpp").is_dir(),
+                    reason=f"no llama.cpp build at {LLAMA_BUILT} (dvc repro llama_cpp, or python -m "
+                    "pipeline.llama_build --params params.yaml --out artifacts/peers/llama_cpp)")
+def test_llama_cpp_plain_repeats_and_its_prompt_lookup_equals_it(tiny_hf, hf_plain, tmp_path):
+    from pipeline.llama_peer import gguf_quant, n_ctx_for
+    from pipeline.peer_worker import PeerWorker, WorkerConfig
+
+    hf_dir, prompts = tiny_hf
+    model = AutoModelForCausalLM.from_pretrained(hf_dir)
+    gguf_path = tiny_gguf(model, hf_dir / "tokenizer.json", tmp_path / "tiny.gguf")  # float32 tensors
+    assert gguf_quant(gguf_path) == "all_f32"
+    eos = json.loads((hf_dir / "config.json").read_text())["eos_token_id"]
+    lookup = {"max_ngram_size": 2, "num_pred_tokens": 10}
+    options = ({"speculative": None}, {"speculative": lookup})
+    long = np.resize(prompts[0], 600)  # past n_batch (512): the lookup run keeps every position's logits
+    config = WorkerConfig("llama_cpp", str(gguf_path), 1, (eos,), tuple(int(t) for t in prompts[0]), 4, options,
+                          package=str(LLAMA_BUILT), n_ctx=n_ctx_for([*prompts, long], NEW_TOKENS, lookup))
+    with PeerWorker("llama.cpp", config) as worker:
+        plain = [worker.generate(p, NEW_TOKENS, options[0]) for p in prompts]
+        again = [worker.generate(p, NEW_TOKENS, options[0]) for p in prompts]
+        spec = [worker.generate(p, NEW_TOKENS, options[1]) for p in prompts]
+        assert 1 <= len(worker.generate(long, NEW_TOKENS, options[1])[0]) <= NEW_TOKENS
+    plain_ids = [r[0].tolist() for r in plain]
+    assert [r[0].tolist() for r in again] == plain_ids  # greedy repeats itself
+    assert [r[0].tolist() for r in spec] == plain_ids  # prompt lookup: token match 1.0 vs its plain run
+    assert sum(r[4]["draft_tokens_accepted"] for r in spec) > 0  # and it did accept drafts
+    assert all(r[4] == {} and r[1] > 0 and r[2] > 0 for r in plain)
+    # the same float32 model: llama.cpp's greedy ids are transformers' (stops at EOS, kept, as ours)
+    assert plain_ids == hf_plain["ids"]

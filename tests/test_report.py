@@ -146,3 +146,22 @@ def test_unreadable_file_is_named(tmp_path):
     text = render(root, PARAMS)
     assert f"- Unreadable: `artifacts/{MODEL}/int4.json`" in text
     assert "| m | int4 | specrt_q4 |" not in text
+
+
+def test_peers_table_has_llama_cpp_columns_only_when_the_run_had_it(tmp_path):
+    root = artifacts(tmp_path)
+    assert not any("vs llama.cpp plain" in line for line in render(root, PARAMS).splitlines())
+    llama = {"llama.cpp/q4_k_m/plain": {"decode_tokens_per_s": 50.0, "prefill_s": 1.0, "token_match": 0.8},
+             "llama.cpp/q4_k_m/prompt_lookup": {"decode_tokens_per_s": 80.0, "prefill_s": 1.5, "token_match": 0.8,
+                                                "token_match_plain": 0.97}}
+    write(root, f"{MODEL}/peers-int4.json", {**PEERS, "runs": {**PEERS["runs"], **llama},
+                                             "ratios": {**PEERS["ratios"],
+                                                        "specrt/int4/pld / llama.cpp/q4_k_m/plain": 0.88}})
+    page = render(root, PARAMS).splitlines()
+    assert ("| run | decode tok/s | prefill s | token match | vs genai plain | vs genai n-gram | vs llama.cpp plain "
+            "| vs llama.cpp lookup | own plain |") in page
+    # our ratios over llama.cpp: recorded (0.88) or computed (40 / 50, 44 / 80); its lookup against its own plain
+    assert "| specrt/int4/pld | 44.0 | 2.0 | 1.000 | 1.10x (rounds 1.05-1.15) | 1.38x | 0.88x | 0.55x | - |" in page
+    assert "| specrt/int4/baseline | 40.0 | 2.0 | 1.000 | 1.00x | 1.25x | 0.80x | 0.50x | - |" in page
+    assert "| llama.cpp/q4_k_m/prompt_lookup | 80.0 | 1.5 | 0.800 | 2.00x | 2.50x | 1.60x | 1.00x | 0.970 |" in page
+    assert any("llama.cpp (`q4_k_m`) runs the weights stage's GGUF" in line for line in page)
