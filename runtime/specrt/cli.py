@@ -1,13 +1,15 @@
 """``specrt generate``: complete a prompt from the command line; ``specrt check``: is speculation
-lossless with this artifact here?
+lossless with this artifact here? ``specrt serve``: an OpenAI-compatible HTTP server.
 
     specrt generate --model artifacts/qwen2.5-coder-0.5b-instruct/fp32 --method pld "def add(a, b):"
     specrt check --model artifacts/qwen2.5-coder-0.5b-instruct/int4 [--provider cuda]
+    specrt serve --model artifacts/qwen2.5-coder-0.5b-instruct/int4 --method pld --port 8000
 
 ``generate``: the completion goes to stdout; speed and acceptance go to stderr (or everything as
 JSON with ``--json``). ``check``: the spec-safety verdict for this machine and provider
 (:meth:`specrt.model.SpecModel.spec_safety`: the manifest's where its basis covers them, else the
-self-check, run and cached now) as JSON; exit 0 when spec-safe, 1 when not.
+self-check, run and cached now) as JSON; exit 0 when spec-safe, 1 when not. ``serve``: needs the
+``serve`` extra (starlette, uvicorn), imported only by this command (:mod:`specrt.serve`).
 """
 
 from __future__ import annotations
@@ -59,7 +61,46 @@ def _parser() -> argparse.ArgumentParser:
     check.add_argument("--model", required=True, help="artifact folder, e.g. artifacts/<model>/int4")
     check.add_argument("--threads", type=int, default=None, help="onnxruntime intra-op threads")
     check.add_argument("--provider", default="cpu", help="execution provider: cpu or cuda")
+    serve = sub.add_parser("serve", help="an OpenAI-compatible HTTP server (needs the 'serve' extra)")
+    serve.add_argument("--model", required=True, help="artifact folder, e.g. artifacts/<model>/int4")
+    serve.add_argument("--draft", default=None, help="draft model artifact folder, for sd, hsd, hsd_capped")
+    serve.add_argument("--datastore", default=None, help="retrieval datastore folder (default: as generate)")
+    serve.add_argument("--method", default="pld", help="the default drafting method of requests")
+    serve.add_argument("--tree", action="store_true", help="requests verify draft trees by default")
+    serve.add_argument("--draft-budget", type=int, default=8, help="default draft-tree nodes per verify step")
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--max-concurrent", type=int, default=4,
+                       help="generations running at once; more are answered 429 with Retry-After")
+    serve.add_argument("--threads", type=int, default=None, help="onnxruntime intra-op threads")
+    serve.add_argument("--provider", default="cpu", help="execution provider: cpu or cuda")
+    serve.add_argument("--prefix-cache-mb", type=float, default=256,
+                       help="host memory for recent prompts' KV rows (0: off); chat turns reuse their prefill")
     return parser
+
+
+def _datastore(model: str, datastore: str | None) -> str | Path | None:
+    """``datastore``, or the model folder's sibling 'datastore' when the pipeline built one."""
+    sibling = Path(model).parent / "datastore"
+    if datastore is None and (sibling / DATASTORE_MANIFEST).is_file():
+        return sibling
+    return datastore
+
+
+def _serve(args: argparse.Namespace) -> None:
+    try:
+        import uvicorn
+
+        from .serve import ServeConfig, Speculation, build_app
+    except ImportError as e:
+        raise InvalidRequestError(f"specrt serve needs the 'serve' extra (pip install 'specrt[serve]'): {e}") from None
+    if args.method not in METHODS:
+        raise InvalidRequestError(f"unknown method {args.method!r}; valid methods: {', '.join(sorted(METHODS))}")
+    model = load(args.model, provider=args.provider, threads=args.threads, datastore=_datastore(args.model,
+                 args.datastore), draft=args.draft, prefix_cache_mb=args.prefix_cache_mb)
+    speculation = Speculation(method=args.method, tree=args.tree, draft_budget=args.draft_budget)
+    config = ServeConfig(model_id=model.manifest.name, speculation=speculation, max_concurrent=args.max_concurrent)
+    uvicorn.run(build_app(model, config), host=args.host, port=args.port, log_level="info")
 
 
 def _check(args: argparse.Namespace) -> bool:
@@ -81,10 +122,7 @@ def _read_prompt(arg: str) -> str:
 
 def _generate(args: argparse.Namespace) -> None:
     prompt = _read_prompt(args.prompt)
-    datastore = args.datastore
-    sibling = Path(args.model).parent / "datastore"
-    if datastore is None and (sibling / DATASTORE_MANIFEST).is_file():
-        datastore = sibling
+    datastore = _datastore(args.model, args.datastore)
     model = load(args.model, provider=args.provider, threads=args.threads, datastore=datastore, draft=args.draft)
     options = dict(
         max_new_tokens=args.max_new_tokens, method=args.method, tree=args.tree, temperature=args.temperature,
@@ -124,6 +162,8 @@ def main(argv: list[str] | None = None) -> int:
             _generate(args)
         elif args.command == "check":
             return 0 if _check(args) else 1
+        elif args.command == "serve":
+            _serve(args)
     except SpecrtError as e:
         print(f"specrt: error: {e}", file=sys.stderr)
         return 2

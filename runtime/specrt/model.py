@@ -84,6 +84,13 @@ class TextStream:
         piece, self.sent = text[self.sent :], len(text)
         return piece
 
+    def finish(self) -> str:
+        """At the end of the output: the text not yet returned (a held-back partial character
+        decodes as U+FFFD, as in ``tokenizer.decode`` of the whole output)."""
+        text = self.tokenizer.decode(self.ids, skip_special_tokens=True)
+        piece, self.sent = text[self.sent :], len(text)
+        return piece
+
 
 class SharedCostModel(VerifyCostModel):
     """A :class:`VerifyCostModel` that concurrent requests record into and estimate from, under a lock."""

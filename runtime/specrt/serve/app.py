@@ -1,0 +1,218 @@
+"""The ASGI app: OpenAI's /v1/completions, /v1/chat/completions, /v1/models, and /health.
+
+At most ``max_concurrent`` generations run at once; a request over the limit is answered 429
+with ``Retry-After`` at once (never queued). Each generation step runs on a worker thread; a
+streaming client that disconnects cancels its response, which closes its generation (freeing its
+KV cache) and its slot; a non-streaming client is checked for a disconnect after every step.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
+
+from ..errors import InvalidRequestError, SpecrtError
+from ..model import SpecModel
+from .errors import ApiError
+from .generation import Generation
+from .requests import GenerationRequest, Speculation, parse_request
+
+log = logging.getLogger(__name__)
+
+RETRY_AFTER_S = 1  # what a 429 tells the client to wait
+
+
+@dataclass(frozen=True)
+class ServeConfig:
+    model_id: str  # the name /v1/models lists and responses carry
+    speculation: Speculation  # the default of requests that send no "specrt" object
+    max_concurrent: int  # generations running at once; more are answered 429
+
+
+class Slots:
+    """The count of running generations. Touched only from the event loop, so it needs no lock."""
+
+    def __init__(self, limit: int):
+        if limit < 1:
+            raise ValueError(f"max_concurrent must be >= 1, got {limit}")
+        self.limit = limit
+        self.in_flight = 0
+
+    def take(self) -> None:
+        if self.in_flight >= self.limit:
+            raise ApiError(429, f"the server is running {self.limit} generations, its limit; retry shortly",
+                           type="rate_limit_error", code="too_many_requests")
+        self.in_flight += 1
+
+    def give_back(self) -> None:
+        self.in_flight -= 1
+
+
+class _ClosingStream(StreamingResponse):
+    """A streaming response that closes its body generator however the response ends (a cancelled
+    response would otherwise leave it for the garbage collector)."""
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            await self.body_iterator.aclose()  # type: ignore[union-attr]
+
+
+def _sse(payload: dict[str, Any] | str) -> str:
+    return f"data: {payload if isinstance(payload, str) else json.dumps(payload)}\n\n"
+
+
+class Server:
+    """The app's handlers over one loaded model."""
+
+    def __init__(self, model: SpecModel, config: ServeConfig):
+        self.model = model
+        self.config = config
+        self.slots = Slots(config.max_concurrent)
+
+    async def health(self, request: Request) -> Response:
+        return JSONResponse({"status": "ok", "in_flight": self.slots.in_flight,
+                             "max_concurrent": self.slots.limit})
+
+    async def models(self, request: Request) -> Response:
+        return JSONResponse({"object": "list", "data": [
+            {"id": self.config.model_id, "object": "model", "created": 0, "owned_by": "specrt"}]})
+
+    async def completions(self, request: Request) -> Response:
+        return await self._generate(request, chat=False)
+
+    async def chat(self, request: Request) -> Response:
+        return await self._generate(request, chat=True)
+
+    async def _generate(self, request: Request, *, chat: bool) -> Response:
+        try:
+            body = json.loads(await request.body())
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise ApiError(400, f"the request body is not valid JSON: {e}") from None
+        req = parse_request(body, chat=chat, model=self.model, default=self.config.speculation,
+                            has_draft=self.model.draft_graph is not None)
+        self.slots.take()
+        try:
+            gen = await anyio.to_thread.run_sync(Generation, self.model, req)
+        except BaseException:
+            self.slots.give_back()
+            raise
+        rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
+        if req.stream:
+            return _ClosingStream(self._stream(gen, req, rid), media_type="text/event-stream",
+                                  headers={"Cache-Control": "no-cache"})
+        try:
+            text = await self._run(gen, request)
+        finally:
+            gen.close()
+            self.slots.give_back()
+        if text is None:  # the client went away: nobody reads this
+            return Response(status_code=499)
+        choice = ({"index": 0, "message": {"role": "assistant", "content": text}} if chat
+                  else {"index": 0, "text": text})
+        choice.update(logprobs=None, finish_reason=gen.finish_reason)
+        return JSONResponse(self._envelope(rid, chat, chunk=False) | {
+            "choices": [choice], "usage": gen.usage(), "specrt": gen.report()})
+
+    async def _run(self, gen: Generation, request: Request) -> str | None:
+        """The whole text, or None when the client disconnected (the generation is then stopped)."""
+        pieces = []
+        while not gen.done:
+            pieces.append(await anyio.to_thread.run_sync(gen.step))
+            if await request.is_disconnected():
+                log.info("client gone: stopped after %d tokens", len(gen.token_ids))
+                return None
+        return "".join(pieces)
+
+    def _envelope(self, rid: str, chat: bool, *, chunk: bool) -> dict[str, Any]:
+        kind = ("chat.completion.chunk" if chunk else "chat.completion") if chat else "text_completion"
+        return {"id": rid, "object": kind, "created": int(time.time()), "model": self.config.model_id}
+
+    async def _stream(self, gen: Generation, req: GenerationRequest, rid: str) -> AsyncIterator[str]:
+        chat = req.chat
+
+        def chunk(delta: str | None, finish_reason: str | None = None) -> dict[str, Any]:
+            if chat:
+                choice = {"index": 0, "delta": {} if delta is None else {"content": delta}}
+            else:
+                choice = {"index": 0, "text": delta or ""}
+            choice.update(logprobs=None, finish_reason=finish_reason)
+            return self._envelope(rid, chat, chunk=True) | {"choices": [choice]}
+
+        try:
+            if chat:
+                first = chunk("")
+                first["choices"][0]["delta"] = {"role": "assistant", "content": ""}
+                yield _sse(first)
+            while not gen.done:
+                try:
+                    piece = await anyio.to_thread.run_sync(gen.step)
+                except SpecrtError as e:
+                    log.exception("generation failed")
+                    yield _sse(ApiError(500, str(e), type="server_error").body())
+                    yield _sse("[DONE]")
+                    return
+                if piece:
+                    yield _sse(chunk(piece))
+            yield _sse(chunk(None, gen.finish_reason) | {"specrt": gen.report()})
+            if req.include_usage:
+                yield _sse(self._envelope(rid, chat, chunk=True) | {"choices": [], "usage": gen.usage()})
+            yield _sse("[DONE]")
+        finally:
+            if not gen.done:
+                log.info("client gone: stopped after %d tokens", len(gen.token_ids))
+            gen.close()
+            self.slots.give_back()
+
+
+async def _api_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, ApiError)
+    headers = {"Retry-After": str(RETRY_AFTER_S)} if exc.status == 429 else None
+    return JSONResponse(exc.body(), status_code=exc.status, headers=headers)
+
+
+async def _http_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, HTTPException)
+    error = ApiError(exc.status_code, f"{request.method} {request.url.path}: {exc.detail}",
+                     code="not_found" if exc.status_code == 404 else None)
+    return JSONResponse(error.body(), status_code=exc.status_code)
+
+
+async def _runtime_error(request: Request, exc: Exception) -> Response:
+    """A refusal from the runtime the request checks did not foresee: still the client's request."""
+    return JSONResponse(ApiError(400, str(exc)).body(), status_code=400)
+
+
+async def _server_error(request: Request, exc: Exception) -> Response:
+    error = ApiError(500, f"internal error: {type(exc).__name__}: {exc}", type="server_error")
+    return JSONResponse(error.body(), status_code=500)
+
+
+def build_app(model: SpecModel, config: ServeConfig) -> Starlette:
+    """The ASGI app serving ``model``."""
+    server = Server(model, config)
+    routes = [
+        Route("/health", server.health, methods=["GET"]),
+        Route("/v1/models", server.models, methods=["GET"]),
+        Route("/v1/completions", server.completions, methods=["POST"]),
+        Route("/v1/chat/completions", server.chat, methods=["POST"]),
+    ]
+    handlers = {ApiError: _api_error, HTTPException: _http_error, InvalidRequestError: _runtime_error,
+                Exception: _server_error}
+    app = Starlette(routes=routes, exception_handlers=handlers)
+    app.state.server = server
+    return app

@@ -1,0 +1,71 @@
+"""One request's generation, step by step: the model's token chunks turned into text pieces,
+cut at the request's stop strings. Synchronous (each step is one verify pass); the app runs the
+steps on worker threads and closes the generation when its client goes away."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..model import SpecModel, TextStream
+from .requests import GenerationRequest
+from .stops import StopCutter
+
+
+class Generation:
+    """Iterate with :meth:`step` until ``done``; :meth:`close` frees the KV cache at any point."""
+
+    def __init__(self, model: SpecModel, request: GenerationRequest):
+        spec = request.speculation
+        self.request = request
+        self.loop, self._chunks = model.stream_ids(
+            list(request.prompt_ids), max_new_tokens=request.max_tokens, method=spec.method, tree=spec.tree,
+            temperature=request.temperature, top_p=request.top_p, seed=request.seed, draft_budget=spec.draft_budget,
+        )
+        self._text = TextStream(model.tokenizer)
+        self._stops = StopCutter(request.stop)
+        self.token_ids: list[int] = []  # every token the model emitted (an EOS included)
+        self.done = False
+
+    def step(self) -> str:
+        """Run one step; the text it lets out (may be empty). Sets ``done`` at the end: EOS, the
+        token limit or the context's end, or a stop string."""
+        if self.done:
+            return ""
+        chunk = next(self._chunks, None)
+        if chunk is None:
+            self.done = True
+            return self._stops.push(self._text.finish()) + self._stops.flush()
+        self.token_ids.extend(int(t) for t in chunk)
+        piece = self._stops.push(self._text.push(chunk))
+        if self._stops.stopped:
+            self.close()
+        return piece
+
+    def close(self) -> None:
+        """End the generation now (stop string, client gone) and give its KV cache back."""
+        self.done = True
+        self._chunks.close()
+
+    @property
+    def finish_reason(self) -> str:
+        """OpenAI's: "stop" (EOS or a stop string) or "length" (max_tokens or the context's end)."""
+        return "stop" if self._stops.stopped or self.loop.finish_reason == "eos" else "length"
+
+    def usage(self) -> dict[str, int]:
+        prompt, completion = len(self.request.prompt_ids), len(self.token_ids)
+        return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+    def report(self) -> dict[str, Any]:
+        """The response's ``specrt`` object: how the request was speculated and how fast it ran."""
+        spec, stats = self.request.speculation, self.loop.stats
+        return {
+            "method": spec.method,
+            "tree": spec.tree,
+            "draft_budget": spec.draft_budget,
+            "tokens_per_step": round(stats.tokens_per_step, 4),
+            "decode_tokens_per_s": round(stats.decode_tokens_per_s, 3),
+            "steps": stats.steps,
+            "prefill_s": round(stats.prefill_s, 6),
+            "cached_prompt_tokens": stats.cached_prompt_tokens,
+            "token_ids": list(self.token_ids),
+        }

@@ -1,0 +1,213 @@
+"""Request bodies of /v1/completions and /v1/chat/completions, checked into frozen dataclasses.
+
+Every refusal is an :class:`~specrt.serve.errors.ApiError` (400) naming the body field in
+``param``. The prompt is encoded here, so a prompt longer than the model's context is refused
+before any work. Chat: the artifact keeps the model's template only as the single-user-turn
+``prefix + prompt + suffix`` rendered at export (``Manifest.chat``), so a chat request is exactly
+one user message; system prompts and earlier turns are refused with a message saying why.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from ..drafters import METHODS, NEEDS_DRAFT
+from ..errors import InvalidRequestError
+from ..model import SpecModel
+from .errors import invalid
+
+MAX_STOPS = 4  # OpenAI's limit on stop strings
+SPECRT_FIELDS = ("method", "tree", "draft_budget")
+# OpenAI fields this server cannot honour: refused unless absent or at their neutral value
+UNSUPPORTED = ("logprobs", "top_logprobs", "echo", "suffix", "presence_penalty", "frequency_penalty",
+               "logit_bias", "tools", "functions", "response_format")
+NEUTRAL = (None, False, 0, 0.0, {}, [])
+
+
+@dataclass(frozen=True)
+class Speculation:
+    """How one request drafts (the server's defaults unless its body's ``specrt`` object says)."""
+
+    method: str  # a registered method, specrt.METHODS
+    tree: bool  # verify a draft tree instead of a chain
+    draft_budget: int  # draft nodes per verify step
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    chat: bool  # /v1/chat/completions (True) or /v1/completions
+    prompt_ids: tuple[int, ...]  # [t] the prompt's tokens, chat template applied
+    max_tokens: int  # new tokens at most (the context's end may stop it earlier: finish_reason "length")
+    temperature: float  # 0: greedy
+    top_p: float
+    seed: int | None
+    stop: tuple[str, ...]  # cut before the first of these, never emitted
+    stream: bool
+    include_usage: bool  # stream_options.include_usage: a last chunk with the usage counts
+    speculation: Speculation
+
+
+def parse_request(
+    body: Any, *, chat: bool, model: SpecModel, default: Speculation, has_draft: bool
+) -> GenerationRequest:
+    """``body`` (parsed JSON) as a request, or ApiError naming the field."""
+    if not isinstance(body, dict):
+        raise invalid(None, f"the request body must be a JSON object, got {type(body).__name__}")
+    for name in UNSUPPORTED:
+        if body.get(name) not in NEUTRAL:
+            raise invalid(name, f"{name} is not supported by this server", code="unsupported_parameter")
+    if body.get("n", 1) != 1 or isinstance(body.get("n"), bool):
+        raise invalid("n", f"n must be 1 (one choice per request), got {body.get('n')!r}")
+    if body.get("best_of", 1) != 1:
+        raise invalid("best_of", f"best_of must be 1, got {body.get('best_of')!r}")
+    context = model.manifest.dims.max_context
+    ids = _chat_prompt(body, model) if chat else _completion_prompt(body, model)
+    if len(ids) == 0:
+        raise invalid("messages" if chat else "prompt", "the prompt is empty: need at least one token")
+    if len(ids) >= context:
+        raise invalid("messages" if chat else "prompt",
+                      f"the prompt has {len(ids)} tokens; this model's context is {context} tokens "
+                      f"(at most {context - 1} prompt tokens)", code="context_length_exceeded")
+    max_key = "max_completion_tokens" if chat and body.get("max_completion_tokens") is not None else "max_tokens"
+    max_tokens = body.get(max_key)
+    if max_tokens is None:
+        max_tokens = context - len(ids)
+    elif isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or not 1 <= max_tokens < context:
+        raise invalid(max_key, f"{max_key} must be an integer in [1, {context - 1}] (the model's context is "
+                      f"{context} tokens), got {max_tokens!r}")
+    stream_options = body.get("stream_options") or {}
+    if not isinstance(stream_options, dict):
+        raise invalid("stream_options", "stream_options must be an object")
+    return GenerationRequest(
+        chat=chat,
+        prompt_ids=tuple(int(t) for t in ids),
+        max_tokens=max_tokens,
+        temperature=_number(body, "temperature", 1.0, 0.0, 2.0),
+        top_p=_number(body, "top_p", 1.0, 0.0, 1.0, open_low=True),
+        seed=_seed(body.get("seed")),
+        stop=_stops(body.get("stop")),
+        stream=_bool(body, "stream", False),
+        include_usage=_bool(stream_options, "include_usage", False, prefix="stream_options."),
+        speculation=_speculation(body.get("specrt"), default, has_draft),
+    )
+
+
+def _text(value: Any, param: str) -> str:
+    if not isinstance(value, str):
+        raise invalid(param, f"{param} must be a string, got {type(value).__name__}")
+    return value
+
+
+def _encode(model: SpecModel, text: str, param: str, *, chat: bool) -> list[int]:
+    try:
+        return model.encode(text, chat=chat).tolist()
+    except InvalidRequestError as e:
+        raise invalid(param, str(e)) from None
+
+
+def _completion_prompt(body: dict, model: SpecModel) -> list[int]:
+    if "prompt" not in body:
+        raise invalid("prompt", "missing required field: prompt")
+    prompt = body["prompt"]
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+        prompt = prompt[0]
+    if isinstance(prompt, str):
+        return _encode(model, prompt, "prompt", chat=False)
+    vocab = model.manifest.dims.vocab
+    if isinstance(prompt, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+        if any(not 0 <= t < vocab for t in prompt):
+            raise invalid("prompt", f"prompt token ids must lie in [0, {vocab})")
+        return list(prompt)
+    raise invalid("prompt", "prompt must be a string, a list of one string, or a list of token ids")
+
+
+def _content(message: dict, i: int) -> str:
+    """A message's text: a string, or a list of text parts."""
+    content = message.get("content")
+    if isinstance(content, list):
+        parts = []
+        for part in content:
+            if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+                raise invalid(f"messages[{i}].content", "content parts must be {\"type\": \"text\", \"text\": ...}")
+            parts.append(part["text"])
+        return "".join(parts)
+    return _text(content, f"messages[{i}].content")
+
+
+def _chat_prompt(body: dict, model: SpecModel) -> list[int]:
+    if "messages" not in body:
+        raise invalid("messages", "missing required field: messages")
+    messages = body["messages"]
+    if not isinstance(messages, list) or not messages:
+        raise invalid("messages", "messages must be a non-empty list of {\"role\", \"content\"} objects")
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+            raise invalid(f"messages[{i}]", "each message must be an object with a string role")
+    if model.manifest.chat is None:
+        raise invalid("messages", f"{model.manifest.name} has no chat template; use /v1/completions")
+    if len(messages) != 1 or messages[0]["role"] != "user":
+        roles = [m["role"] for m in messages]
+        raise invalid("messages", f"this artifact keeps only a single-user-turn chat template (rendered at export); "
+                      f"send exactly one user message, got roles {roles}", code="unsupported_messages")
+    return _encode(model, _content(messages[0], 0), "messages[0].content", chat=True)
+
+
+def _number(body: dict, name: str, default: float, low: float, high: float, *, open_low: bool = False) -> float:
+    value = body.get(name)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+            or not (low < value if open_low else low <= value) or value > high:
+        interval = f"({low}, {high}]" if open_low else f"[{low}, {high}]"
+        raise invalid(name, f"{name} must be a number in {interval}, got {value!r}")
+    return float(value)
+
+
+def _bool(body: dict, name: str, default: bool, prefix: str = "") -> bool:
+    value = body.get(name, default)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise invalid(prefix + name, f"{prefix}{name} must be true or false, got {value!r}")
+    return value
+
+
+def _seed(value: Any) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise invalid("seed", f"seed must be a non-negative integer, got {value!r}")
+    return value
+
+
+def _stops(value: Any) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    stops = [value] if isinstance(value, str) else value
+    if not isinstance(stops, list) or len(stops) > MAX_STOPS or \
+            not all(isinstance(s, str) and s for s in stops):
+        raise invalid("stop", f"stop must be a non-empty string or a list of at most {MAX_STOPS} non-empty strings")
+    return tuple(stops)
+
+
+def _speculation(value: Any, default: Speculation, has_draft: bool) -> Speculation:
+    if value is None:
+        return default
+    if not isinstance(value, dict):
+        raise invalid("specrt", "specrt must be an object with method, tree, draft_budget")
+    unknown = sorted(set(value) - set(SPECRT_FIELDS))
+    if unknown:
+        raise invalid(f"specrt.{unknown[0]}", f"unknown field specrt.{unknown[0]}; known: {', '.join(SPECRT_FIELDS)}")
+    method = value.get("method", default.method)
+    if method not in METHODS:
+        raise invalid("specrt.method", f"unknown method {method!r}; valid methods: {', '.join(sorted(METHODS))}",
+                      code="unknown_method")
+    if method in NEEDS_DRAFT and not has_draft:
+        raise invalid("specrt.method", f"method {method!r} needs a draft model: start the server with --draft")
+    tree = _bool(value, "tree", default.tree, prefix="specrt.")
+    budget = value.get("draft_budget", default.draft_budget)
+    if isinstance(budget, bool) or not isinstance(budget, int) or not 0 <= budget <= 64:
+        raise invalid("specrt.draft_budget", f"specrt.draft_budget must be an integer in [0, 64], got {budget!r}")
+    return Speculation(method=method, tree=tree, draft_budget=budget)
