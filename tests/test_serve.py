@@ -198,6 +198,31 @@ def test_seeded_sampling_repeats_and_equals_generate(model, client):
         assert got.specrt["token_ids"] == list(want.token_ids)
 
 
+def test_concurrent_clients_each_get_their_single_run(model, port):
+    # 16 requests from 4 clients at once (the server's limit), streamed and not, two methods
+    jobs = [(prompt, method, stream) for prompt in PROMPTS[:2] for method in ("baseline", "pld")
+            for stream in (False, True)] * 2
+    want = {(p, m): model.generate(p, method=m, max_new_tokens=40).text
+            for p in PROMPTS[:2] for m in ("baseline", "pld")}
+    got: dict[int, str] = {}
+
+    def client_thread(k: int) -> None:
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0, timeout=60)
+        for i in range(k, len(jobs), 4):
+            prompt, method, stream = jobs[i]
+            out = client.completions.create(model="tiny-qwen2", prompt=prompt, max_tokens=40, temperature=0,
+                                            stream=stream, extra_body={"specrt": {"method": method}})
+            got[i] = "".join(c.choices[0].text for c in out) if stream else out.choices[0].text
+
+    threads = [threading.Thread(target=client_thread, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert got == {i: want[(p, m)] for i, (p, m, _) in enumerate(jobs)}
+    assert request(port, "GET", "/health")[2]["in_flight"] == 0
+
+
 # --- stop strings ------------------------------------------------------------------------------
 
 def test_stop_strings_split_across_tokens(client):
@@ -328,6 +353,12 @@ def test_cli_serve_refuses_an_unknown_default_method(folder):
     out = subprocess.run([sys.executable, "-m", "specrt.cli", "serve", "--model", str(folder), "--method", "nope"],
                          capture_output=True, text=True)
     assert out.returncode == 2 and "specrt: error: unknown method 'nope'; valid methods: adapld" in out.stderr
+
+
+def test_max_concurrent_must_be_positive(model):
+    config = ServeConfig(model_id="m", speculation=Speculation("pld", tree=False, draft_budget=8), max_concurrent=0)
+    with pytest.raises(specrt.InvalidRequestError, match=r"^max_concurrent must be an int >= 1, got 0$"):
+        build_app(model, config)
 
 
 def test_cli_does_not_import_the_server_stack():

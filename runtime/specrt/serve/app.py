@@ -46,8 +46,8 @@ class Slots:
     """The count of running generations. Touched only from the event loop, so it needs no lock."""
 
     def __init__(self, limit: int):
-        if limit < 1:
-            raise ValueError(f"max_concurrent must be >= 1, got {limit}")
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+            raise InvalidRequestError(f"max_concurrent must be an int >= 1, got {limit!r}")
         self.limit = limit
         self.in_flight = 0
 
