@@ -243,6 +243,20 @@ def test_stop_strings_split_across_tokens(client):
     assert (got.choices[0].text, got.choices[0].finish_reason) == (" jumpspspspspspsps.", "stop")
 
 
+def test_stop_token_ids_end_the_answer_without_their_text(client):
+    # "def add(a, b):" -> ids 265 278 278 278 288 274 199 0: "\n   | return| return| return| +| b|\n|<eos>"
+    for stream in (False, True):
+        got = client.completions.create(model="tiny-qwen2", prompt="def add(a, b):", temperature=0, stream=stream,
+                                        extra_body={"stop_token_ids": [288, 199]})
+        if stream:
+            chunks = [c for c in got if c.choices]
+            text, last = "".join(c.choices[0].text for c in chunks), chunks[-1]
+        else:
+            text, last = got.choices[0].text, got
+        assert (text, last.choices[0].finish_reason) == ("\n    return return return", "stop")
+        assert last.specrt["token_ids"] == [265, 278, 278, 278, 288]
+
+
 # --- errors -------------------------------------------------------------------------------------
 
 BAD = [  # (path, body, raw bytes, status, param, code, message pattern)
@@ -264,6 +278,8 @@ BAD = [  # (path, body, raw bytes, status, param, code, message pattern)
     ("/v1/completions", {"prompt": "hi", "temperature": 3}, None, 400, "temperature", None, r"in \[0.0, 2.0\]"),
     ("/v1/completions", {"prompt": "hi", "logprobs": 2}, None, 400, "logprobs", "unsupported_parameter", r""),
     ("/v1/completions", {"prompt": "hi", "stop": ["a", ""]}, None, 400, "stop", None, r"non-empty"),
+    ("/v1/completions", {"prompt": "hi", "stop_token_ids": [-1]}, None, 400, "stop_token_ids", None,
+     r"^stop_token_ids must be a list of token ids in \[0, \d+\)$"),
     ("/v1/chat/completions", {"messages": [{"role": "system", "content": "be brief"},
                                            {"role": "user", "content": "hi"}]}, None, 400, "messages",
      "unsupported_messages", r"single-user-turn chat template .* got roles \['system', 'user'\]$"),

@@ -1,10 +1,12 @@
 """One request's generation, step by step: the model's token chunks turned into text pieces,
-cut at the request's stop strings. Synchronous (each step is one verify pass); the app runs the
+cut at the request's stop strings and stop token ids. Synchronous (each step is one verify pass); the app runs the
 steps on worker threads and closes the generation when its client goes away."""
 
 from __future__ import annotations
 
 from typing import Any
+
+import numpy as np
 
 from ..model import SpecModel, TextStream
 from .requests import GenerationRequest
@@ -23,7 +25,8 @@ class Generation:
         )
         self._text = TextStream(model.tokenizer)
         self._stops = StopCutter(request.stop)
-        self.token_ids: list[int] = []  # every token the model emitted (an EOS included)
+        self.token_ids: list[int] = []  # every token the model emitted (an EOS or a stop token included)
+        self.stop_token = False  # ended at one of the request's stop_token_ids
         self.done = False
 
     def step(self) -> str:
@@ -35,6 +38,13 @@ class Generation:
         if chunk is None:
             self.done = True
             return self._stops.push(self._text.finish()) + self._stops.flush()
+        hit = np.flatnonzero(np.isin(chunk, self.request.stop_token_ids))
+        if len(hit):  # a stop token: keep it in token_ids, not its text
+            self.token_ids.extend(int(t) for t in chunk[: hit[0] + 1])
+            self.stop_token = True
+            piece = self._stops.push(self._text.push(chunk[: hit[0]]) + self._text.finish())
+            self.close()
+            return piece if self._stops.stopped else piece + self._stops.flush()
         self.token_ids.extend(int(t) for t in chunk)
         piece = self._stops.push(self._text.push(chunk))
         if self._stops.stopped:
@@ -48,8 +58,8 @@ class Generation:
 
     @property
     def finish_reason(self) -> str:
-        """OpenAI's: "stop" (EOS or a stop string) or "length" (max_tokens or the context's end)."""
-        return "stop" if self._stops.stopped or self.loop.finish_reason == "eos" else "length"
+        """OpenAI's: "stop" (EOS, a stop string or a stop token) or "length" (max_tokens or the context's end)."""
+        return "stop" if self._stops.stopped or self.stop_token or self.loop.finish_reason == "eos" else "length"
 
     def usage(self) -> dict[str, int]:
         prompt, completion = len(self.request.prompt_ids), len(self.token_ids)

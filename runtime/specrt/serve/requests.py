@@ -44,6 +44,7 @@ class GenerationRequest:
     top_p: float
     seed: int | None
     stop: tuple[str, ...]  # cut before the first of these, never emitted
+    stop_token_ids: tuple[int, ...]  # end at the first of these tokens (counted, its text not emitted)
     stream: bool
     include_usage: bool  # stream_options.include_usage: a last chunk with the usage counts
     speculation: Speculation
@@ -88,6 +89,7 @@ def parse_request(
         top_p=_number(body, "top_p", 1.0, 0.0, 1.0, open_low=True),
         seed=_seed(body.get("seed")),
         stop=_stops(body.get("stop")),
+        stop_token_ids=_stop_ids(body.get("stop_token_ids"), model.manifest.dims.vocab),
         stream=_bool(body, "stream", False),
         include_usage=_bool(stream_options, "include_usage", False, prefix="stream_options."),
         speculation=_speculation(body.get("specrt"), default, has_draft),
@@ -190,6 +192,15 @@ def _stops(value: Any) -> tuple[str, ...]:
             not all(isinstance(s, str) and s for s in stops):
         raise invalid("stop", f"stop must be a non-empty string or a list of at most {MAX_STOPS} non-empty strings")
     return tuple(stops)
+
+
+def _stop_ids(value: Any, vocab: int) -> tuple[int, ...]:
+    if value is None:
+        return ()
+    if not isinstance(value, list) or not all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t < vocab
+                                              for t in value):
+        raise invalid("stop_token_ids", f"stop_token_ids must be a list of token ids in [0, {vocab})")
+    return tuple(value)
 
 
 def _speculation(value: Any, default: Speculation, has_draft: bool) -> Speculation:
