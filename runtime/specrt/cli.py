@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import sys
 from dataclasses import asdict
 from pathlib import Path
@@ -100,6 +101,7 @@ def _serve(args: argparse.Namespace) -> None:
                  args.datastore), draft=args.draft, prefix_cache_mb=args.prefix_cache_mb)
     speculation = Speculation(method=args.method, tree=args.tree, draft_budget=args.draft_budget)
     config = ServeConfig(model_id=model.manifest.name, speculation=speculation, max_concurrent=args.max_concurrent)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s:     %(name)s: %(message)s")  # as uvicorn's lines
     uvicorn.run(build_app(model, config), host=args.host, port=args.port, log_level="info")
 
 
