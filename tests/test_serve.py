@@ -380,3 +380,10 @@ def test_max_concurrent_must_be_positive(model):
 def test_cli_does_not_import_the_server_stack():
     code = "import sys, specrt.cli; assert 'starlette' not in sys.modules and 'uvicorn' not in sys.modules"
     assert subprocess.run([sys.executable, "-c", code], capture_output=True).returncode == 0
+
+
+def test_cli_serve_default_method_is_the_runtime_default():
+    from specrt.cli import _parser
+    from specrt.drafters import DEFAULT_METHOD
+
+    assert _parser().parse_args(["serve", "--model", "m"]).method == DEFAULT_METHOD == "auto"

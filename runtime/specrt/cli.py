@@ -3,7 +3,7 @@ lossless with this artifact here? ``specrt serve``: an OpenAI-compatible HTTP se
 
     specrt generate --model artifacts/qwen2.5-coder-0.5b-instruct/fp32 --method pld "def add(a, b):"
     specrt check --model artifacts/qwen2.5-coder-0.5b-instruct/int4 [--provider cuda]
-    specrt serve --model artifacts/qwen2.5-coder-0.5b-instruct/int4 --method pld --port 8000
+    specrt serve --model artifacts/qwen2.5-coder-0.5b-instruct/int4 --port 8000
 
 ``generate``: the completion goes to stdout; speed and acceptance go to stderr (or everything as
 JSON with ``--json``). ``check``: the spec-safety verdict for this machine and provider
@@ -66,7 +66,8 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--model", required=True, help="artifact folder, e.g. artifacts/<model>/int4")
     serve.add_argument("--draft", default=None, help="draft model artifact folder, for sd, hsd, hsd_capped")
     serve.add_argument("--datastore", default=None, help="retrieval datastore folder (default: as generate)")
-    serve.add_argument("--method", default="pld", help="the default drafting method of requests")
+    serve.add_argument("--method", default=DEFAULT_METHOD,
+                       help=f"the default drafting method of requests (default {DEFAULT_METHOD})")
     serve.add_argument("--tree", action="store_true", help="requests verify draft trees by default")
     serve.add_argument("--draft-budget", type=int, default=8, help="default draft-tree nodes per verify step")
     serve.add_argument("--host", default="127.0.0.1")
