@@ -9,7 +9,6 @@ import http.client
 import json
 import logging
 import re
-import shutil
 import socket
 import subprocess
 import sys
@@ -27,23 +26,20 @@ openai = pytest.importorskip("openai", reason="the openai client (dev extra) is 
 import specrt  # noqa: E402
 from specrt.serve import ServeConfig, Speculation, build_app  # noqa: E402
 from specrt.serve.stops import StopCutter  # noqa: E402
-from tests.tiny import build_tiny_artifact  # noqa: E402
+from tests.tiny import with_chat  # noqa: E402
 
-CHAT = {"prefix": "User: ", "suffix": "\nAssistant:"}  # a single-user-turn template, as the export stores it
+# A chat template under which the tiny model answers (it continues the user's text): a system
+# prompt in brackets on its own line, user turns as they are, assistant turns closed by EOS.
+TEMPLATE = ("{% for m in messages %}{% if m.role == 'system' %}[{{ m.content }}]\n{% elif m.role == 'user' %}"
+            "{{ m.content }}{% else %}{{ m.content }}{{ eos_token }}{% endif %}{% endfor %}")
 LONG = 240  # tokens of a generation that outlasts a few HTTP round trips ("hello" repeats "o" to the end)
 
 
 @pytest.fixture(scope="module")
-def folder(tmp_path_factory) -> Path:
-    """A tiny Qwen2 artifact whose manifest carries a chat template (the tiny tokenizer has none)."""
-    root = tmp_path_factory.mktemp("tiny-serve")
-    built, _ = build_tiny_artifact("qwen2", root / "built" / "fp32")
-    folder = root / "chat" / "fp32"
-    shutil.copytree(built, folder)
-    manifest = json.loads((folder / "manifest.json").read_text())
-    manifest["chat"] = CHAT
-    (folder / "manifest.json").write_text(json.dumps(manifest))
-    return folder
+def folder(tiny_chat_artifact, tmp_path_factory) -> Path:
+    """The tiny Qwen2 artifact with :data:`TEMPLATE` as its chat template."""
+    return with_chat(tiny_chat_artifact, tmp_path_factory.mktemp("tiny-serve") / "fp32", TEMPLATE,
+                     chat={"prefix": "", "suffix": ""})
 
 
 @pytest.fixture(scope="module")
@@ -174,20 +170,35 @@ def test_streamed_completions_equal_generate(model, client, method):
         assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == len(want.token_ids)
 
 
-def test_chat_equals_generate_with_the_template(model, client):
-    want = model.generate("def add(a, b):", chat=True, method="pld", max_new_tokens=40)
-    got = client.chat.completions.create(model="tiny-qwen2", temperature=0, max_tokens=40,
-                                         messages=[{"role": "user", "content": "def add(a, b):"}])
+def test_chat_equals_model_chat(model, client):
+    msgs = [{"role": "user", "content": "def add(a, b):"}]
+    want = model.chat(msgs, method="pld", max_new_tokens=40)
+    assert want.text == "\n    return return return + b\n"
+    got = client.chat.completions.create(model="tiny-qwen2", temperature=0, max_tokens=40, messages=msgs)
     assert got.choices[0].message.role == "assistant"
     assert got.choices[0].message.content == want.text
     assert got.specrt["token_ids"] == list(want.token_ids)
-    assert got.usage.prompt_tokens == len(model.encode(CHAT["prefix"] + "def add(a, b):" + CHAT["suffix"]))
+    assert got.usage.prompt_tokens == len(model.encode("def add(a, b):"))
     chunks = list(client.chat.completions.create(
         model="tiny-qwen2", temperature=0, max_tokens=40, stream=True,
         messages=[{"role": "user", "content": [{"type": "text", "text": "def add(a, b):"}]}]))
     assert chunks[0].choices[0].delta.role == "assistant"
     assert "".join(c.choices[0].delta.content or "" for c in chunks) == want.text
     assert chunks[-1].choices[0].finish_reason == {"eos": "stop", "length": "length"}[want.finish_reason]
+
+
+def test_chat_with_a_system_prompt_and_earlier_turns(model, client):
+    msgs = [{"role": "system", "content": "code"}, {"role": "user", "content": "def add(a, b):"},
+            {"role": "assistant", "content": "\n    return a + b\n"}, {"role": "user", "content": "The quick brown"}]
+    prompt = "[code]\ndef add(a, b):\n    return a + b\n<eos>The quick brown"  # TEMPLATE, literally
+    want, _ = model.generate_ids(model.tokenizer.encode(prompt, add_special_tokens=False).ids, method="baseline",
+                                 max_new_tokens=20)
+    for method in ("baseline", "pld"):
+        got = client.chat.completions.create(model="tiny-qwen2", temperature=0, max_tokens=20, messages=msgs,
+                                             extra_body={"specrt": {"method": method}})
+        assert got.specrt["token_ids"] == want.tolist()
+        assert got.choices[0].message.content == model.tokenizer.decode(want.tolist(), skip_special_tokens=True)
+        assert got.usage.prompt_tokens == len(model.tokenizer.encode(prompt, add_special_tokens=False).ids)
 
 
 def test_seeded_sampling_repeats_and_equals_generate(model, client):
@@ -280,11 +291,11 @@ BAD = [  # (path, body, raw bytes, status, param, code, message pattern)
     ("/v1/completions", {"prompt": "hi", "stop": ["a", ""]}, None, 400, "stop", None, r"non-empty"),
     ("/v1/completions", {"prompt": "hi", "stop_token_ids": [-1]}, None, 400, "stop_token_ids", None,
      r"^stop_token_ids must be a list of token ids in \[0, \d+\)$"),
-    ("/v1/chat/completions", {"messages": [{"role": "system", "content": "be brief"},
-                                           {"role": "user", "content": "hi"}]}, None, 400, "messages",
-     "unsupported_messages", r"single-user-turn chat template .* got roles \['system', 'user'\]$"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": 7}]}, None, 400, "messages[0].content",
-     None, r"must be a string, got int"),
+     None, r"^messages\[0\]\.content must be a string or a list of text parts, got int$"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "a"}, {"role": "robot", "content": "b"}]},
+     None, 400, "messages[1].role", None, r"^messages\[1\]\.role must be one of system, user, assistant, tool"),
+    ("/v1/chat/completions", {"messages": []}, None, 400, "messages", None, r"^messages must be a non-empty list"),
     ("/v1/nope", {}, None, 404, None, "not_found", r"^POST /v1/nope: Not Found$"),
 ]
 

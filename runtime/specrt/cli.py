@@ -21,6 +21,7 @@ import sys
 from dataclasses import asdict
 from pathlib import Path
 
+from .chat import messages
 from .datastore import MANIFEST_NAME as DATASTORE_MANIFEST
 from .drafters import DEFAULT_METHOD, METHODS
 from .errors import InvalidRequestError, SpecrtError
@@ -31,7 +32,8 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="specrt", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     gen = sub.add_parser("generate", help="complete a prompt")
-    gen.add_argument("prompt", help="prompt text ('-' reads it from stdin)")
+    gen.add_argument("prompt", nargs="?", default=None,
+                     help="prompt text ('-' reads it from stdin); with --system/--messages, the last user turn")
     gen.add_argument("--model", required=True, help="artifact folder, e.g. artifacts/<model>/fp32")
     gen.add_argument("--method", default=DEFAULT_METHOD,
                      help=f"drafting method (default auto: the best draft per step): {', '.join(sorted(METHODS))}")
@@ -44,7 +46,13 @@ def _parser() -> argparse.ArgumentParser:
     gen.add_argument("--draft-budget", type=int, default=8, help="draft-tree nodes per verify step")
     gen.add_argument("--no-backoff", dest="backoff", action="store_false", default=None,
                      help="verify every draft, even while drafts do not pay for their window (default: back off)")
-    gen.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
+    gen.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template (one user turn)")
+    gen.add_argument("--system", default=None,
+                     help="a system prompt: the prompt becomes chat messages rendered by the model's Jinja chat "
+                     "template (needs the 'chat' extra)")
+    gen.add_argument("--messages", type=Path, default=None,
+                     help="a JSON file of earlier chat messages ([{\"role\", \"content\"}, ...]); the prompt, if "
+                     "given, is appended as the last user turn (needs the 'chat' extra)")
     gen.add_argument(
         "--datastore",
         default=None,
@@ -123,24 +131,45 @@ def _read_prompt(arg: str) -> str:
         raise InvalidRequestError(f"stdin is not valid {e.encoding} text: byte {e.start} ({e.reason})") from None
 
 
+def _messages(args: argparse.Namespace, prompt: str | None) -> list[dict]:
+    """The chat messages of --system, --messages and the prompt (the last user turn)."""
+    msgs: list = [] if args.system is None else [{"role": "system", "content": args.system}]
+    if args.messages is not None:
+        try:
+            history = json.loads(args.messages.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise InvalidRequestError(f"{args.messages}: not a readable JSON file ({e})") from None
+        try:
+            msgs += [{"role": m.role, "content": m.content} for m in messages(history)]
+        except InvalidRequestError as e:
+            raise InvalidRequestError(f"{args.messages}: {e}") from None
+    if prompt is not None:
+        msgs.append({"role": "user", "content": prompt})
+    return msgs
+
+
 def _generate(args: argparse.Namespace) -> None:
-    prompt = _read_prompt(args.prompt)
+    if args.prompt is None and args.messages is None:
+        raise InvalidRequestError("generate needs a prompt, or --messages FILE")
+    prompt = None if args.prompt is None else _read_prompt(args.prompt)
+    chat_messages = _messages(args, prompt) if args.system is not None or args.messages is not None else None
     datastore = _datastore(args.model, args.datastore)
     model = load(args.model, provider=args.provider, threads=args.threads, datastore=datastore, draft=args.draft)
+    prompt_ids = model.encode_chat(chat_messages) if chat_messages else model.encode(prompt, chat=args.chat)
     options = dict(
         max_new_tokens=args.max_new_tokens, method=args.method, tree=args.tree, temperature=args.temperature,
         top_k=args.top_k, top_p=args.top_p, seed=args.seed, draft_budget=args.draft_budget,
         backoff=args.backoff,
     )
     if args.stream and not args.json:
-        loop, chunks = model.stream_ids(model.encode(prompt, chat=args.chat), **options)
+        loop, chunks = model.stream_ids(prompt_ids, **options)
         text = TextStream(model.tokenizer)
         for chunk in chunks:
             print(text.push(chunk), end="", flush=True)
         print()
         _print_stats(args.method, args.tree, loop.finish_reason or "length", loop.stats.as_dict())
         return
-    result = model.generate(prompt, chat=args.chat, **options)
+    result = model.generate_result(prompt_ids, **options)
     if args.json:
         print(json.dumps(asdict(result), indent=2))
         return

@@ -31,7 +31,7 @@ import hashlib
 import logging
 import threading
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -41,6 +41,7 @@ from tokenizers import Tokenizer
 
 from .backend import DecoderSession, OrtDecoder
 from .blas import BlasGuard
+from .chat import ChatRenderer, Message, messages
 from .cost import VerifyCostModel
 from .datastore import STATE_KEY as DATASTORE_STATE_KEY
 from .datastore import datastore_for
@@ -176,6 +177,7 @@ class SpecModel:
         self._idle: list[OrtDecoder] = []  # a KV cache no request uses
         self._warned_unsafe = False
         self._verdict: Verdict | None = None  # spec_safety(), decided before the first speculative request
+        self._chat: ChatRenderer | None = None  # the compiled chat template, at the first messages rendered
         try:
             self.tokenizer = Tokenizer.from_file(str(folder / manifest.tokenizer))
         except Exception as e:  # the tokenizers library raises a bare Exception on bad JSON
@@ -193,22 +195,51 @@ class SpecModel:
             datastore_for(self.drafter_env(tree=False), "load")
 
     def encode(self, prompt: str, *, chat: bool = False) -> np.ndarray:
-        """The prompt's token ids ([t] int64). Refuses a str that is not valid Unicode (lone
-        surrogates, e.g. from bytes decoded with ``errors="surrogateescape"``)."""
-        if not isinstance(prompt, str):
-            raise InvalidRequestError(f"prompt must be a str, got {type(prompt).__name__}")
-        try:
-            prompt.encode("utf-8")
-        except UnicodeEncodeError as e:
-            raise InvalidRequestError(
-                f"prompt is not valid Unicode: lone surrogate U+{ord(prompt[e.start]):04X} at index {e.start} "
-                "(decode input bytes with errors='replace')"
-            ) from None
+        """The prompt's token ids ([t] int64). ``chat``: ``prompt`` as one user turn, wrapped in the
+        prefix and suffix the export rendered from the chat template (no Jinja needed; for system
+        prompts and several turns see :meth:`encode_chat`). Refuses a str that is not valid Unicode
+        (lone surrogates, e.g. from bytes decoded with ``errors="surrogateescape"``)."""
+        _check_text(prompt, "prompt")
         if chat:
             if self.manifest.chat is None:
                 raise InvalidRequestError(f"{self.manifest.name} has no chat template; call without chat=True")
             prompt = self.manifest.chat.prefix + prompt + self.manifest.chat.suffix
         return np.array(self.tokenizer.encode(prompt).ids, np.int64)
+
+    def chat_prompt(self, msgs: Sequence[Message | dict], *, add_generation_prompt: bool = True) -> str:
+        """The prompt text of chat messages (``{"role", "content"}``: system, user, assistant, tool),
+        rendered by the model's own Jinja chat template (:mod:`specrt.chat`; needs jinja2, the
+        ``chat`` extra). InvalidRequestError when the artifact stores no template (exported before
+        templates were kept, or a model without one)."""
+        checked = messages(msgs)
+        for i, m in enumerate(checked):
+            _check_text(m.content, f"messages[{i}].content")
+        return self._renderer().render(checked, add_generation_prompt=add_generation_prompt)
+
+    def encode_chat(self, msgs: Sequence[Message | dict]) -> np.ndarray:
+        """The token ids ([t] int64) of chat messages, ending in the assistant's turn opening: the
+        template's text encoded without the tokenizer's own special tokens, as transformers'
+        ``apply_chat_template(tokenize=True)``. An artifact without a stored template takes a single
+        user message (its export-time prefix and suffix, as ``encode(chat=True)``) and refuses more."""
+        checked = messages(msgs)
+        if self.manifest.chat_template is None and self.manifest.chat is not None and len(checked) == 1 \
+                and checked[0].role == "user":
+            return self.encode(checked[0].content, chat=True)
+        text = self.chat_prompt(checked)
+        return np.array(self.tokenizer.encode(text, add_special_tokens=False).ids, np.int64)
+
+    def _renderer(self) -> ChatRenderer:
+        template = self.manifest.chat_template
+        if template is None:
+            what = ("keeps only a single-user-turn chat prompt (exported before chat templates were stored: "
+                    "export it again for system prompts and several turns)") if self.manifest.chat else \
+                "has no chat template"
+            raise InvalidRequestError(f"{self.manifest.name}/{self.manifest.variant} {what}")
+        with self._lock:
+            if self._chat is None:
+                path = self.folder / template.file
+                self._chat = ChatRenderer(path.read_text(encoding="utf-8"), template.special_tokens, name=str(path))
+            return self._chat
 
     def stream_ids(
         self,
@@ -403,7 +434,15 @@ class SpecModel:
 
     def generate(self, prompt: str, *, chat: bool = False, **options: Any) -> GenerationResult:
         """Complete ``prompt``; options as :meth:`stream_ids` (method, tree, temperature, ...)."""
-        prompt_ids = self.encode(prompt, chat=chat)
+        return self.generate_result(self.encode(prompt, chat=chat), **options)
+
+    def chat(self, msgs: Sequence[Message | dict], **options: Any) -> GenerationResult:
+        """The assistant's answer to chat messages (:meth:`encode_chat`); options as :meth:`stream_ids`."""
+        return self.generate_result(self.encode_chat(msgs), **options)
+
+    def generate_result(self, prompt_ids: np.ndarray | list[int], **options: Any) -> GenerationResult:
+        """:meth:`generate` on token ids ([t] int64): the text, ids, finish reason and stats."""
+        prompt_ids = self._check_ids(prompt_ids)
         ids, loop = self.generate_ids(prompt_ids, **options)
         return GenerationResult(
             text=self.tokenizer.decode(ids.tolist(), skip_special_tokens=True),
@@ -417,7 +456,14 @@ class SpecModel:
 
     def stream(self, prompt: str, *, chat: bool = False, **options: Any) -> Iterator[str]:
         """Yield the completion's text as the verifier accepts it."""
-        _, chunks = self.stream_ids(self.encode(prompt, chat=chat), **options)
+        return self._text(self.encode(prompt, chat=chat), options)
+
+    def stream_chat(self, msgs: Sequence[Message | dict], **options: Any) -> Iterator[str]:
+        """Yield the assistant's answer to chat messages as the verifier accepts it."""
+        return self._text(self.encode_chat(msgs), options)
+
+    def _text(self, prompt_ids: np.ndarray, options: dict[str, Any]) -> Iterator[str]:
+        _, chunks = self.stream_ids(prompt_ids, **options)
         text = TextStream(self.tokenizer)
         try:
             for chunk in chunks:
@@ -426,6 +472,19 @@ class SpecModel:
                     yield piece
         finally:
             chunks.close()  # a stream closed early gives its KV cache back now
+
+
+def _check_text(text: object, name: str) -> None:
+    """InvalidRequestError unless ``text`` is a str of valid Unicode (no lone surrogates)."""
+    if not isinstance(text, str):
+        raise InvalidRequestError(f"{name} must be a str, got {type(text).__name__}")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise InvalidRequestError(
+            f"{name} is not valid Unicode: lone surrogate U+{ord(text[e.start]):04X} at index {e.start} "
+            "(decode input bytes with errors='replace')"
+        ) from None
 
 
 def load(

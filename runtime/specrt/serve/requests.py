@@ -2,17 +2,19 @@
 
 Every refusal is an :class:`~specrt.serve.errors.ApiError` (400) naming the body field in
 ``param``. The prompt is encoded here, so a prompt longer than the model's context is refused
-before any work. Chat: the artifact keeps the model's template only as the single-user-turn
-``prefix + prompt + suffix`` rendered at export (``Manifest.chat``), so a chat request is exactly
-one user message; system prompts and earlier turns are refused with a message saying why.
+before any work. Chat messages (system prompt and any number of turns) go through the model's own
+chat template (:meth:`specrt.model.SpecModel.encode_chat`); an artifact exported before templates
+were stored takes one user message, and says so for more.
 """
 
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 from typing import Any
 
+from ..chat import messages
 from ..drafters import METHODS, NEEDS_DRAFT
 from ..errors import InvalidRequestError
 from ..model import SpecModel
@@ -96,12 +98,6 @@ def parse_request(
     )
 
 
-def _text(value: Any, param: str) -> str:
-    if not isinstance(value, str):
-        raise invalid(param, f"{param} must be a string, got {type(value).__name__}")
-    return value
-
-
 def _encode(model: SpecModel, text: str, param: str, *, chat: bool) -> list[int]:
     try:
         return model.encode(text, chat=chat).tolist()
@@ -125,35 +121,15 @@ def _completion_prompt(body: dict, model: SpecModel) -> list[int]:
     raise invalid("prompt", "prompt must be a string, a list of one string, or a list of token ids")
 
 
-def _content(message: dict, i: int) -> str:
-    """A message's text: a string, or a list of text parts."""
-    content = message.get("content")
-    if isinstance(content, list):
-        parts = []
-        for part in content:
-            if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
-                raise invalid(f"messages[{i}].content", "content parts must be {\"type\": \"text\", \"text\": ...}")
-            parts.append(part["text"])
-        return "".join(parts)
-    return _text(content, f"messages[{i}].content")
-
-
 def _chat_prompt(body: dict, model: SpecModel) -> list[int]:
     if "messages" not in body:
         raise invalid("messages", "missing required field: messages")
-    messages = body["messages"]
-    if not isinstance(messages, list) or not messages:
-        raise invalid("messages", "messages must be a non-empty list of {\"role\", \"content\"} objects")
-    for i, m in enumerate(messages):
-        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
-            raise invalid(f"messages[{i}]", "each message must be an object with a string role")
-    if model.manifest.chat is None:
-        raise invalid("messages", f"{model.manifest.name} has no chat template; use /v1/completions")
-    if len(messages) != 1 or messages[0]["role"] != "user":
-        roles = [m["role"] for m in messages]
-        raise invalid("messages", f"this artifact keeps only a single-user-turn chat template (rendered at export); "
-                      f"send exactly one user message, got roles {roles}", code="unsupported_messages")
-    return _encode(model, _content(messages[0], 0), "messages[0].content", chat=True)
+    try:
+        msgs = messages(body["messages"])
+        return model.encode_chat(msgs).tolist()
+    except InvalidRequestError as e:
+        found = re.match(r"(messages\[\d+\]\.\w+)", str(e))  # the field the runtime named, if any
+        raise invalid(found.group(1) if found else "messages", str(e)) from None
 
 
 def _number(body: dict, name: str, default: float, low: float, high: float, *, open_low: bool = False) -> float:
