@@ -60,6 +60,9 @@ def _parser() -> argparse.ArgumentParser:
         "'datastore' when the pipeline built one)",
     )
     gen.add_argument("--threads", type=int, default=None, help="onnxruntime intra-op threads")
+    gen.add_argument("--skip-hash-check", dest="check_hashes", action="store_false",
+                     help="do not check the artifact files' sha256 (sizes still are); an unchanged folder "
+                     "is hashed only once anyway (a verified stamp in ~/.cache/specrt)")
     gen.add_argument("--provider", default="cpu",
                      help="execution provider: cpu, or cuda (needs onnxruntime-gpu; README, 'CUDA')")
     gen.add_argument("--draft", default=None, help="draft model artifact folder, for --method sd, hsd, hsd_capped "
@@ -69,6 +72,9 @@ def _parser() -> argparse.ArgumentParser:
     check = sub.add_parser("check", help="whether speculation is lossless with this artifact on this machine")
     check.add_argument("--model", required=True, help="artifact folder, e.g. artifacts/<model>/int4")
     check.add_argument("--threads", type=int, default=None, help="onnxruntime intra-op threads")
+    check.add_argument("--skip-hash-check", dest="check_hashes", action="store_false",
+                     help="do not check the artifact files' sha256 (sizes still are); an unchanged folder "
+                     "is hashed only once anyway (a verified stamp in ~/.cache/specrt)")
     check.add_argument("--provider", default="cpu", help="execution provider: cpu or cuda")
     serve = sub.add_parser("serve", help="an OpenAI-compatible HTTP server (needs the 'serve' extra)")
     serve.add_argument("--model", required=True, help="artifact folder, e.g. artifacts/<model>/int4")
@@ -83,6 +89,9 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--max-concurrent", type=int, default=4,
                        help="generations running at once; more are answered 429 with Retry-After")
     serve.add_argument("--threads", type=int, default=None, help="onnxruntime intra-op threads")
+    serve.add_argument("--skip-hash-check", dest="check_hashes", action="store_false",
+                     help="do not check the artifact files' sha256 (sizes still are); an unchanged folder "
+                     "is hashed only once anyway (a verified stamp in ~/.cache/specrt)")
     serve.add_argument("--provider", default="cpu", help="execution provider: cpu or cuda")
     serve.add_argument("--prefix-cache-mb", type=float, default=256,
                        help="host memory for recent prompts' KV rows (0: off); chat turns reuse their prefill")
@@ -107,7 +116,8 @@ def _serve(args: argparse.Namespace) -> None:
     if args.method not in METHODS:
         raise InvalidRequestError(f"unknown method {args.method!r}; valid methods: {', '.join(sorted(METHODS))}")
     model = load(args.model, provider=args.provider, threads=args.threads, datastore=_datastore(args.model,
-                 args.datastore), draft=args.draft, prefix_cache_mb=args.prefix_cache_mb)
+                 args.datastore), draft=args.draft, prefix_cache_mb=args.prefix_cache_mb,
+                 check_hashes=args.check_hashes)
     speculation = Speculation(method=args.method, tree=args.tree, draft_budget=args.draft_budget)
     config = ServeConfig(model_id=model.manifest.name, speculation=speculation, max_concurrent=args.max_concurrent)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s:     %(name)s: %(message)s")  # as uvicorn's lines
@@ -115,7 +125,8 @@ def _serve(args: argparse.Namespace) -> None:
 
 
 def _check(args: argparse.Namespace) -> bool:
-    verdict = load(args.model, provider=args.provider, threads=args.threads).spec_safety()
+    verdict = load(args.model, provider=args.provider, threads=args.threads,
+                   check_hashes=args.check_hashes).spec_safety()
     print(json.dumps(asdict(verdict), indent=2))
     return verdict.spec_safe
 
@@ -154,7 +165,8 @@ def _generate(args: argparse.Namespace) -> None:
     prompt = None if args.prompt is None else _read_prompt(args.prompt)
     chat_messages = _messages(args, prompt) if args.system is not None or args.messages is not None else None
     datastore = _datastore(args.model, args.datastore)
-    model = load(args.model, provider=args.provider, threads=args.threads, datastore=datastore, draft=args.draft)
+    model = load(args.model, provider=args.provider, threads=args.threads, datastore=datastore, draft=args.draft,
+                 check_hashes=args.check_hashes)
     prompt_ids = model.encode_chat(chat_messages) if chat_messages else model.encode(prompt, chat=args.chat)
     options = dict(
         max_new_tokens=args.max_new_tokens, method=args.method, tree=args.tree, temperature=args.temperature,

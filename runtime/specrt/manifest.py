@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import ArtifactError
+from .stamp import FileState, Verified, read_stamp, write_stamp
 
 MANIFEST_NAME = "manifest.json"
 FORMAT = "specrt-decoder/1"
@@ -139,13 +140,18 @@ def _template_file(raw: Any, where: Path) -> ChatTemplateFile:
 
 
 def verify_files(manifest: Manifest, folder: Path, *, check_hashes: bool = True) -> None:
-    """Raise :class:`ArtifactError` naming the first file that is missing or differs from the manifest."""
+    """Raise :class:`ArtifactError` naming the first file that is missing or differs from the manifest.
+
+    Sizes are always checked; sha256s unless ``check_hashes=False``, and then only for files
+    changed since the last load verified them (:mod:`specrt.stamp`)."""
     named = [manifest.decoder, manifest.tokenizer]
     if manifest.chat_template is not None:
         named.append(manifest.chat_template.file)
     for name in named:
         if name not in manifest.files:
             raise ArtifactError(f"{folder / MANIFEST_NAME}: 'files' has no entry for {name!r}")
+    stamp = read_stamp(folder) if check_hashes else {}
+    verified: dict[str, Verified] = {}
     for name, entry in manifest.files.items():
         path = folder / name
         if not path.is_file():
@@ -153,11 +159,21 @@ def verify_files(manifest: Manifest, folder: Path, *, check_hashes: bool = True)
         size = path.stat().st_size
         if size != entry.bytes:
             raise ArtifactError(f"{path}: {size} bytes, manifest says {entry.bytes} (truncated or replaced?)")
-        if check_hashes and (found := sha256_file(path)) != entry.sha256:
+        if not check_hashes:
+            continue
+        before = FileState.of(path)
+        if stamp.get(name) == Verified(entry.sha256, before):
+            verified[name] = stamp[name]
+            continue
+        if (found := sha256_file(path)) != entry.sha256:
             raise ArtifactError(
                 f"{path}: sha256 differs from the manifest (corrupt or replaced): expected {entry.sha256}, "
                 f"found {found}"
             )
+        if FileState.of(path) == before:  # not written while it was hashed
+            verified[name] = Verified(entry.sha256, before)
+    if check_hashes and verified != stamp:
+        write_stamp(folder, verified)
 
 
 def read_json_object(path: Path) -> dict[str, Any]:

@@ -501,7 +501,9 @@ def load(
     """Load an artifact folder built by the pipeline (``artifacts/<model>/<variant>``).
 
     Refuses a folder whose files differ from its manifest (sizes always; sha256 unless
-    ``check_hashes=False``). ``draft``: the artifact folder of a draft model for ``sd``, ``hsd`` and
+    ``check_hashes=False``, and only for files changed since a load verified them: a verified
+    stamp in ``~/.cache/specrt``, :mod:`specrt.stamp`, so an unchanged folder is hashed once).
+    ``draft``: the artifact folder of a draft model for ``sd``, ``hsd`` and
     ``hsd_capped``; refused unless its tokenizer maps every id to the same token as the target's.
 
     ``provider``: "cpu", or "cuda" (needs onnxruntime-gpu; see the README, 'CUDA'): the KV caches
