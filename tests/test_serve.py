@@ -351,6 +351,21 @@ def test_disconnect_mid_stream_stops_the_generation(port_one, caplog):
     assert status == 200 and body["choices"][0]["text"] == "o" * LONG
 
 
+def test_disconnect_without_streaming_cancels_the_generation(port_one, caplog):
+    caplog.set_level(logging.INFO, logger="specrt.serve.app")
+    body = json.dumps(LONG_BODY).encode()
+    with socket.create_connection(("127.0.0.1", port_one)) as sock:
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+        deadline = time.monotonic() + 10
+        while not request(port_one, "GET", "/health")[2]["in_flight"]:  # the generation runs
+            assert time.monotonic() < deadline
+    wait_idle(port_one)
+    stopped = [int(m.group(1)) for r in caplog.records
+               if (m := re.fullmatch(r"client gone: stopped after (\d+) tokens", r.getMessage()))]
+    assert len(stopped) == 1 and stopped[0] < LONG
+
+
 def test_cli_serve_starts_and_answers(folder):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -27,6 +27,7 @@ import numpy as np
 from .backend import ForwardOutput, OrtDecoder
 from .backoff import Backoff
 from .blas import BlasGuard
+from .cancel import CancelToken
 from .cost import VerifyCostModel
 from .drafters import Drafter, Feedback
 from .errors import DrafterError, InvalidRequestError, check_int
@@ -161,6 +162,10 @@ def prefill(
         yield out
 
 
+class _Stopped(Exception):
+    """The cancel token stopped the prefill."""
+
+
 class SpeculativeLoop:
     """Runs one request on a decoder; iterate :meth:`run` for emitted token chunks."""
 
@@ -175,7 +180,9 @@ class SpeculativeLoop:
         backoff_from: Backoff | None = None,  # an earlier request's back-off: start from its estimate
         prefix_cache: PrefixCache | None = None,  # prompts' KV kept across requests (specrt.prefix_cache)
         blas: BlasGuard | None = None,  # drafter calls run with one BLAS thread (specrt.blas); None: as they are
+        cancel: CancelToken | None = None,  # checked before each prefill pass and verify step (specrt.cancel)
     ):
+        self.cancel = cancel
         self.decoder = decoder
         self.prefix_cache = prefix_cache
         self.blas = blas
@@ -192,7 +199,8 @@ class SpeculativeLoop:
             self.backoff = backoff_from.carried_over() if backoff_from is not None else Backoff(cost)
         self.rng = np.random.default_rng(config.seed)
         self.stats = LoopStats()
-        self.finish_reason: str | None = None  # "eos", "length" (max_new_tokens) or "context" (context full)
+        # "eos", "length" (max_new_tokens), "context" (context full), "cancelled" or "timeout" (specrt.cancel)
+        self.finish_reason: str | None = None
         self._limit = config.max_new_tokens  # new tokens this request may emit (clipped by the context in run)
         self._limit_reason = "length"
 
@@ -226,6 +234,13 @@ class SpeculativeLoop:
             return emitted[:room], self._limit_reason
         return emitted, None
 
+    def _stopped(self) -> bool:
+        """Whether the request's cancel token says stop; sets ``finish_reason`` to its reason."""
+        reason = self.cancel.reason() if self.cancel is not None else None
+        if reason is not None:
+            self.finish_reason = reason
+        return reason is not None
+
     def _call_drafter(self, step: str, fn: Callable[..., Any], *args: Any) -> Any:
         """The drafter's ``step`` (begin / propose / observe), with one BLAS thread when the loop has a
         guard: whatever it raises becomes a DrafterError."""
@@ -251,6 +266,8 @@ class SpeculativeLoop:
             hidden.append(hit.entry.hidden[: hit.rows])
         for out in prefill(self.decoder, prompt[self.decoder.past :], chunk, last_logits_only=True):
             hidden.append(out.hidden_states)
+            if self.decoder.past < len(prompt) and self._stopped():
+                raise _Stopped
         last_logits, states = out.logits[-1], np.concatenate(hidden)  # [vocab], [t, hidden]
         states.setflags(write=False)  # drafters read it; a cache hit hands later requests the same array
         if cache is not None and cache.fits(self.decoder.snapshot_bytes(len(prompt)) + states.nbytes):
@@ -263,7 +280,8 @@ class SpeculativeLoop:
         final once the iterator is exhausted. prompt: [t] int64, 1 <= t < the model's context.
 
         Prompt + generation never exceed the context (``dims.max_context``): when max_new_tokens
-        does not fit, generation stops with finish_reason "context" once the context is full."""
+        does not fit, generation stops with finish_reason "context" once the context is full. A
+        cancel token stops it before its next prefill pass or verify step ("cancelled", "timeout")."""
         cfg, stats = self.config, self.stats
         context_len = self.decoder.dims.max_context
         stats.prompt_tokens = len(prompt)
@@ -283,7 +301,12 @@ class SpeculativeLoop:
 
         vocab = self.decoder.dims.vocab
         t0 = time.perf_counter()
-        last_logits, hidden = self._prefill(prompt)
+        if self._stopped():
+            return
+        try:
+            last_logits, hidden = self._prefill(prompt)
+        except _Stopped:  # cancelled between two prefill passes: nothing emitted
+            return
         first = np.array([self._choose(last_logits)], np.int64)
         stats.prefill_s = time.perf_counter() - t0
         emitted, self.finish_reason = self._stop(first, 0)
@@ -293,6 +316,8 @@ class SpeculativeLoop:
         yield emitted
 
         while self.finish_reason is None:
+            if self._stopped():
+                return
             t_step = time.perf_counter()
             remaining = self._limit - stats.new_tokens
             # never draft beyond what can still be emitted or cached (the root needs one slot)

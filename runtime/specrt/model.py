@@ -41,6 +41,7 @@ from tokenizers import Tokenizer
 
 from .backend import DecoderSession, OrtDecoder
 from .blas import BlasGuard
+from .cancel import CancelToken
 from .chat import ChatRenderer, Message, messages
 from .cost import VerifyCostModel
 from .datastore import STATE_KEY as DATASTORE_STATE_KEY
@@ -63,7 +64,9 @@ class GenerationResult:
     text: str  # the completion, special tokens removed
     token_ids: tuple[int, ...]  # the completion's tokens (an EOS that ended it included)
     prompt_token_ids: tuple[int, ...]
-    finish_reason: str  # "eos", "length" (max_new_tokens reached) or "context" (the model's context is full)
+    # "eos", "length" (max_new_tokens reached), "context" (the model's context is full), "cancelled" or
+    # "timeout" (specrt.cancel)
+    finish_reason: str
     method: str
     tree: bool
     stats: dict[str, Any]  # see specrt.engine.LoopStats.as_dict
@@ -255,6 +258,8 @@ class SpecModel:
         draft_budget: int = 8,
         prefill_chunk: int = 256,
         backoff: bool | None = None,
+        cancel: CancelToken | None = None,
+        timeout_s: float | None = None,
     ) -> tuple[SpeculativeLoop, Iterator[np.ndarray]]:
         """The loop for one request on token ids, and the iterator of its emitted token chunks.
 
@@ -262,8 +267,19 @@ class SpecModel:
         controller over the model-free drafters and a loaded draft model) or a ready Drafter instance. Every
         option is checked here, before any work; the request holds a KV cache until its iterator is
         exhausted, closed or garbage-collected. ``backoff`` (``specrt.backoff``): verify a draft
-        only while drafts pay for their window, else run plain steps; None: see :meth:`_default_backoff`."""
+        only while drafts pay for their window, else run plain steps; None: see :meth:`_default_backoff`.
+
+        ``cancel`` (:class:`specrt.cancel.CancelToken`, from any thread) or ``timeout_s`` (a deadline
+        from now) stop the request before its next prefill pass or verify step, with finish_reason
+        "cancelled" or "timeout"; a token's own deadline: ``CancelToken(timeout_s=...)``."""
         ids = self._check_ids(prompt_ids)
+        if cancel is not None and not isinstance(cancel, CancelToken):
+            raise InvalidRequestError(f"cancel must be a specrt.CancelToken, got {type(cancel).__name__}")
+        if timeout_s is not None:
+            if cancel is not None:
+                raise InvalidRequestError("give either cancel or timeout_s; a token with a deadline is "
+                                          "CancelToken(timeout_s=...)")
+            cancel = CancelToken(timeout_s)
         if isinstance(tree, np.bool_) or not isinstance(tree, bool):
             raise InvalidRequestError(f"tree must be a bool, got {type(tree).__name__} {tree!r}")
         if not isinstance(method, str) and not all(
@@ -302,7 +318,7 @@ class SpecModel:
             loop = SpeculativeLoop(
                 lease.decoder, drafter, self.manifest.eos_token_ids, config, self.verify_cost, method=label,
                 backoff_from=self.drafter_state.get(backoff_key) if backoff_key else None,
-                prefix_cache=self.prefix_cache, blas=self.blas,
+                prefix_cache=self.prefix_cache, blas=self.blas, cancel=cancel,
             )
         except BaseException:
             lease.release()

@@ -2,8 +2,8 @@
 
 At most ``max_concurrent`` generations run at once; a request over the limit is answered 429
 with ``Retry-After`` at once (never queued). Each generation step runs on a worker thread; a
-streaming client that disconnects cancels its response, which closes its generation (freeing its
-KV cache) and its slot; a non-streaming client is checked for a disconnect after every step.
+client that disconnects (streaming or not) cancels its generation (:mod:`specrt.cancel`), which
+stops within one forward pass, even during a long prefill, then frees its KV cache and its slot.
 """
 
 from __future__ import annotations
@@ -118,7 +118,7 @@ class Server:
         try:
             text = await self._run(gen, request)
         finally:
-            gen.close()
+            await _close(gen)
             self.slots.give_back()
         if text is None:  # the client went away: nobody reads this
             return Response(status_code=499)
@@ -129,13 +129,23 @@ class Server:
             "choices": [choice], "usage": gen.usage(), "specrt": gen.report()})
 
     async def _run(self, gen: Generation, request: Request) -> str | None:
-        """The whole text, or None when the client disconnected (the generation is then stopped)."""
+        """The whole text, or None when the client disconnected: a watcher cancels the generation
+        at once, so a step in progress (a long prefill included) ends within one forward pass."""
         pieces = []
-        while not gen.done:
-            pieces.append(await anyio.to_thread.run_sync(gen.step))
-            if await request.is_disconnected():
-                log.info("client gone: stopped after %d tokens", len(gen.token_ids))
-                return None
+
+        async def watch() -> None:
+            while (await request.receive())["type"] != "http.disconnect":
+                pass
+            gen.cancel()
+
+        async with anyio.create_task_group() as tasks:
+            tasks.start_soon(watch)
+            while not gen.done:
+                pieces.append(await anyio.to_thread.run_sync(gen.step))
+            tasks.cancel_scope.cancel()
+        if gen.cancelled:
+            log.info("client gone: stopped after %d tokens", len(gen.token_ids))
+            return None
         return "".join(pieces)
 
     def _envelope(self, rid: str, chat: bool, *, chunk: bool) -> dict[str, Any]:
@@ -153,30 +163,50 @@ class Server:
             choice.update(logprobs=None, finish_reason=finish_reason)
             return self._envelope(rid, chat, chunk=True) | {"choices": [choice]}
 
+        released = False
+
+        async def release() -> None:  # before the last events: a client that reads [DONE] finds its slot free
+            nonlocal released
+            if not released:
+                released = True
+                await _close(gen)
+                self.slots.give_back()
+
         try:
             if chat:
                 first = chunk("")
                 first["choices"][0]["delta"] = {"role": "assistant", "content": ""}
                 yield _sse(first)
             while not gen.done:
-                try:
-                    piece = await anyio.to_thread.run_sync(gen.step)
+                try:  # a disconnect cancels this await at once; the step is then cancelled below
+                    piece = await anyio.to_thread.run_sync(gen.step, abandon_on_cancel=True)
                 except SpecrtError as e:
                     log.exception("generation failed")
+                    await release()
                     yield _sse(ApiError(500, str(e), type="server_error").body())
                     yield _sse("[DONE]")
                     return
                 if piece:
                     yield _sse(chunk(piece))
+            await release()
             yield _sse(chunk(None, gen.finish_reason) | {"specrt": gen.report()})
             if req.include_usage:
                 yield _sse(self._envelope(rid, chat, chunk=True) | {"choices": [], "usage": gen.usage()})
             yield _sse("[DONE]")
         finally:
-            if not gen.done:
+            if not released:
+                gen.cancel()
+                with anyio.CancelScope(shield=True):
+                    await release()
                 log.info("client gone: stopped after %d tokens", len(gen.token_ids))
-            gen.close()
-            self.slots.give_back()
+
+
+async def _close(gen: Generation) -> None:
+    """Cancel ``gen`` and close it on a worker thread once its running step (if any) has stopped,
+    shielded: the response that owns it may itself be cancelled (its client went away)."""
+    gen.cancel()
+    with anyio.CancelScope(shield=True):
+        await anyio.to_thread.run_sync(gen.close)
 
 
 async def _api_error(request: Request, exc: Exception) -> Response:

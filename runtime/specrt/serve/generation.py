@@ -4,24 +4,32 @@ steps on worker threads and closes the generation when its client goes away."""
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import numpy as np
 
+from ..cancel import CANCELLED, CancelToken
 from ..model import SpecModel, TextStream
 from .requests import GenerationRequest
 from .stops import StopCutter
 
 
 class Generation:
-    """Iterate with :meth:`step` until ``done``; :meth:`close` frees the KV cache at any point."""
+    """Iterate with :meth:`step` until ``done``; :meth:`close` frees the KV cache at any point.
+
+    :meth:`cancel` may be called from any thread while a step runs (a long prefill included): the
+    step returns within one forward pass, and the generation is done."""
 
     def __init__(self, model: SpecModel, request: GenerationRequest):
         spec = request.speculation
         self.request = request
+        self.token = CancelToken()
+        self._stepping = threading.Lock()  # held by the running step; close() waits for it
         self.loop, self._chunks = model.stream_ids(
             list(request.prompt_ids), max_new_tokens=request.max_tokens, method=spec.method, tree=spec.tree,
             temperature=request.temperature, top_p=request.top_p, seed=request.seed, draft_budget=spec.draft_budget,
+            cancel=self.token,
         )
         self._text = TextStream(model.tokenizer)
         self._stops = StopCutter(request.stop)
@@ -31,7 +39,11 @@ class Generation:
 
     def step(self) -> str:
         """Run one step; the text it lets out (may be empty). Sets ``done`` at the end: EOS, the
-        token limit or the context's end, or a stop string."""
+        token limit or the context's end, a stop string, or a cancellation."""
+        with self._stepping:
+            return self._step()
+
+    def _step(self) -> str:
         if self.done:
             return ""
         chunk = next(self._chunks, None)
@@ -43,18 +55,32 @@ class Generation:
             self.token_ids.extend(int(t) for t in chunk[: hit[0] + 1])
             self.stop_token = True
             piece = self._stops.push(self._text.push(chunk[: hit[0]]) + self._text.finish())
-            self.close()
+            self._close()
             return piece if self._stops.stopped else piece + self._stops.flush()
         self.token_ids.extend(int(t) for t in chunk)
         piece = self._stops.push(self._text.push(chunk))
         if self._stops.stopped:
-            self.close()
+            self._close()
         return piece
 
+    def cancel(self) -> None:
+        """Stop the generation at its next check (thread-safe; a running step returns soon)."""
+        self.token.cancel()
+
     def close(self) -> None:
-        """End the generation now (stop string, client gone) and give its KV cache back."""
+        """End the generation (stop string, client gone) and give its KV cache back; a step running
+        on another thread is cancelled and waited for."""
+        self.token.cancel()
+        with self._stepping:
+            self._close()
+
+    def _close(self) -> None:
         self.done = True
         self._chunks.close()
+
+    @property
+    def cancelled(self) -> bool:
+        return self.loop.finish_reason == CANCELLED
 
     @property
     def finish_reason(self) -> str:
