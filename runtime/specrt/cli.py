@@ -178,7 +178,7 @@ def _generate(args: argparse.Namespace) -> None:
         text = TextStream(model.tokenizer)
         for chunk in chunks:
             print(text.push(chunk), end="", flush=True)
-        print()
+        print(text.finish())
         _print_stats(args.method, args.tree, loop.finish_reason or "length", loop.stats.as_dict())
         return
     result = model.generate_result(prompt_ids, **options)

@@ -39,6 +39,11 @@ from typing import Any
 import numpy as np
 from tokenizers import Tokenizer
 
+try:
+    from tokenizers.decoders import DecodeStream
+except ImportError:  # tokenizers < 0.21: TextStream decodes a window itself
+    DecodeStream = None
+
 from .backend import DecoderSession, OrtDecoder
 from .blas import BlasGuard
 from .cancel import CancelToken
@@ -73,24 +78,48 @@ class GenerationResult:
 
 
 class TextStream:
-    """Incremental detokenization: the text of newly emitted tokens, holding back a partial character."""
+    """Incremental detokenization in linear time: each :meth:`push` returns the text of the newly
+    emitted tokens (a character split across tokens is held back until it is complete), and
+    :meth:`finish` the rest, so that all pieces joined equal ``tokenizer.decode(ids,
+    skip_special_tokens=True)`` of the whole output.
+
+    Uses tokenizers' ``DecodeStream`` (tokenizers >= 0.21); on older versions, the same windowed
+    decoding in Python: only the tokens since the last complete piece, and a few before them for
+    context, are decoded at each push."""
 
     def __init__(self, tokenizer: Tokenizer):
         self.tokenizer = tokenizer
         self.ids: list[int] = []
         self.sent = 0  # characters already returned
+        self._stream = DecodeStream(skip_special_tokens=True) if DecodeStream is not None else None
+        self._prefix = 0  # windowed decoding: ids[_prefix:_read] is the context of the next piece
+        self._read = 0
 
-    def push(self, ids: np.ndarray) -> str:
-        self.ids.extend(int(t) for t in ids)
-        text = self.tokenizer.decode(self.ids, skip_special_tokens=True)
-        if text.endswith("\ufffd"):  # an incomplete UTF-8 sequence: wait for the next tokens
-            return ""
-        piece, self.sent = text[self.sent :], len(text)
+    def push(self, ids: np.ndarray | list[int]) -> str:
+        pieces = []
+        for t in ids:  # token by token: a piece ends at each complete character
+            self.ids.append(int(t))
+            if self._stream is not None:
+                pieces.append(self._stream.step(self.tokenizer, int(t)) or "")
+            else:
+                pieces.append(self._window())
+        piece = "".join(pieces)
+        self.sent += len(piece)
         return piece
+
+    def _window(self) -> str:
+        decode = self.tokenizer.decode
+        before = decode(self.ids[self._prefix : self._read], skip_special_tokens=True)
+        text = decode(self.ids[self._prefix :], skip_special_tokens=True)
+        if len(text) <= len(before) or text.endswith("\ufffd"):  # nothing new, or an incomplete character
+            return ""
+        self._prefix, self._read = self._read, len(self.ids)
+        return text[len(before) :]
 
     def finish(self) -> str:
         """At the end of the output: the text not yet returned (a held-back partial character
-        decodes as U+FFFD, as in ``tokenizer.decode`` of the whole output)."""
+        decodes as U+FFFD, as in ``tokenizer.decode`` of the whole output). Decodes the whole
+        output once."""
         text = self.tokenizer.decode(self.ids, skip_special_tokens=True)
         piece, self.sent = text[self.sent :], len(text)
         return piece
@@ -486,6 +515,8 @@ class SpecModel:
                 piece = text.push(chunk)
                 if piece:
                     yield piece
+            if piece := text.finish():
+                yield piece
         finally:
             chunks.close()  # a stream closed early gives its KV cache back now
 
