@@ -31,6 +31,7 @@ from .cancel import CancelToken
 from .cost import VerifyCostModel
 from .drafters import Drafter, Feedback
 from .errors import DrafterError, InvalidRequestError, check_int
+from .logprobs import TokenLogprob, token_logprobs, window_rows
 from .prefix_cache import PrefixCache, PrefixEntry
 from .rejection import Verifier, accept_tree_stochastic
 from .sampling import SamplingParams, sample, target_probs
@@ -46,6 +47,7 @@ class LoopConfig:
     prefill_chunk: int = 256  # prompt positions per prefill pass (bounds the [chunk, vocab] logits)
     seed: int | None = None
     backoff: bool = False  # verify drafts only as deep as pays for the window (specrt.backoff)
+    logprobs: int | None = None  # None: off; k >= 0: each emitted token's logprob and its k most likely tokens
 
     def __post_init__(self) -> None:
         check_int("max_new_tokens", self.max_new_tokens, minimum=0)
@@ -53,6 +55,8 @@ class LoopConfig:
         check_int("prefill_chunk", self.prefill_chunk, minimum=1)
         if self.seed is not None:
             check_int("seed", self.seed)
+        if self.logprobs is not None:
+            check_int("logprobs", self.logprobs, minimum=0)
         if not isinstance(self.backoff, bool):
             raise InvalidRequestError(f"backoff must be a bool, got {type(self.backoff).__name__}")
         if not isinstance(self.sampling, SamplingParams):
@@ -201,6 +205,7 @@ class SpeculativeLoop:
         self.stats = LoopStats()
         # "eos", "length" (max_new_tokens), "context" (context full), "cancelled" or "timeout" (specrt.cancel)
         self.finish_reason: str | None = None
+        self.logprobs: list[TokenLogprob] = []  # one per emitted token when config.logprobs is not None
         self._limit = config.max_new_tokens  # new tokens this request may emit (clipped by the context in run)
         self._limit_reason = "length"
 
@@ -233,6 +238,11 @@ class SpeculativeLoop:
         if len(emitted) >= room:
             return emitted[:room], self._limit_reason
         return emitted, None
+
+    def _record_logprobs(self, logits: np.ndarray, emitted: np.ndarray) -> None:
+        """Append the logprobs of ``emitted`` (logits: [len(emitted), vocab], row i predicts emitted[i])."""
+        if self.config.logprobs is not None:
+            self.logprobs.extend(token_logprobs(logits[: len(emitted)], emitted, self.config.logprobs))
 
     def _stopped(self) -> bool:
         """Whether the request's cancel token says stop; sets ``finish_reason`` to its reason."""
@@ -308,6 +318,7 @@ class SpeculativeLoop:
         except _Stopped:  # cancelled between two prefill passes: nothing emitted
             return
         first = np.array([self._choose(last_logits)], np.int64)
+        self._record_logprobs(last_logits[None], first)
         stats.prefill_s = time.perf_counter() - t0
         emitted, self.finish_reason = self._stop(first, 0)
         context = np.concatenate([prompt, emitted])
@@ -345,6 +356,7 @@ class SpeculativeLoop:
             self.decoder.commit(np.concatenate([[0], walk.path + 1]))
 
             emitted, self.finish_reason = self._stop(walk.emitted, stats.new_tokens)
+            self._record_logprobs(out.logits[window_rows(walk.path)[: len(emitted)]], emitted)
             stats.steps += 1
             stats.drafted += len(tree)
             stats.accepted += len(walk.path)

@@ -56,6 +56,7 @@ from .drafters.baseline import NoDraft
 from .drafters.draft_model import check_vocab_compatible
 from .engine import LoopConfig, SpeculativeLoop
 from .errors import ArtifactError, InvalidRequestError, check_int, check_number
+from .logprobs import TokenLogprob
 from .manifest import Manifest, read_manifest
 from .prefix_cache import PrefixCache
 from .sampling import SamplingParams
@@ -75,6 +76,7 @@ class GenerationResult:
     method: str
     tree: bool
     stats: dict[str, Any]  # see specrt.engine.LoopStats.as_dict
+    logprobs: tuple[TokenLogprob, ...] | None = None  # one per token of token_ids, when asked (logprobs=k)
 
 
 class TextStream:
@@ -289,6 +291,7 @@ class SpecModel:
         backoff: bool | None = None,
         cancel: CancelToken | None = None,
         timeout_s: float | None = None,
+        logprobs: int | None = None,
     ) -> tuple[SpeculativeLoop, Iterator[np.ndarray]]:
         """The loop for one request on token ids, and the iterator of its emitted token chunks.
 
@@ -300,7 +303,11 @@ class SpecModel:
 
         ``cancel`` (:class:`specrt.cancel.CancelToken`, from any thread) or ``timeout_s`` (a deadline
         from now) stop the request before its next prefill pass or verify step, with finish_reason
-        "cancelled" or "timeout"; a token's own deadline: ``CancelToken(timeout_s=...)``."""
+        "cancelled" or "timeout"; a token's own deadline: ``CancelToken(timeout_s=...)``.
+
+        ``logprobs`` (k >= 0): the loop records each emitted token's log-probability and its k most
+        likely alternatives (``loop.logprobs``, :class:`specrt.logprobs.TokenLogprob`), from the
+        model's raw logits at that position, as plain decoding computes them."""
         ids = self._check_ids(prompt_ids)
         if cancel is not None and not isinstance(cancel, CancelToken):
             raise InvalidRequestError(f"cancel must be a specrt.CancelToken, got {type(cancel).__name__}")
@@ -329,6 +336,7 @@ class SpecModel:
             prefill_chunk=prefill_chunk,
             seed=seed,
             backoff=self._default_backoff(method, seed, greedy=temperature == 0) if backoff is None else backoff,
+            logprobs=logprobs,
         )
         if method != "baseline" and not isinstance(method, NoDraft) and not self.spec_safety().spec_safe:
             self._warn_unsafe()
@@ -497,6 +505,7 @@ class SpecModel:
             method=str(options.get("method", DEFAULT_METHOD)),
             tree=bool(options.get("tree", False)),
             stats=loop.stats.as_dict(),
+            logprobs=tuple(loop.logprobs) if options.get("logprobs") is not None else None,
         )
 
     def stream(self, prompt: str, *, chat: bool = False, **options: Any) -> Iterator[str]:
