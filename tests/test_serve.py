@@ -234,6 +234,34 @@ def test_concurrent_clients_each_get_their_single_run(model, port):
     assert request(port, "GET", "/health")[2]["in_flight"] == 0
 
 
+# --- logprobs ----------------------------------------------------------------------------------
+
+def test_logprobs_equal_the_runtime_s(model, client):
+    want = model.generate("The quick brown fox", method="baseline", max_new_tokens=12, logprobs=2)
+    want_lp = [lp.logprob for lp in want.logprobs]
+    got = client.completions.create(model="tiny-qwen2", prompt="The quick brown fox", max_tokens=12, temperature=0,
+                                    logprobs=2, extra_body={"specrt": {"method": "pld", "tree": True}})
+    lp = got.choices[0].logprobs
+    assert lp.token_logprobs == pytest.approx(want_lp, abs=1e-4)
+    assert lp.tokens == [model.tokenizer.decode([t], skip_special_tokens=False) for t in want.token_ids]
+    assert lp.tokens[-1] == "<eos>" and "".join(lp.tokens[:-1]) == got.choices[0].text  # EOS: counted, no text
+    assert lp.text_offset[:2] == [0, len(lp.tokens[0])]
+    assert [len(top) for top in lp.top_logprobs] == [2] * len(want.token_ids)
+    chunks = list(client.completions.create(model="tiny-qwen2", prompt="The quick brown fox", max_tokens=12,
+                                            temperature=0, logprobs=0, stream=True))
+    streamed = [v for c in chunks if c.choices[0].logprobs for v in c.choices[0].logprobs.token_logprobs]
+    assert streamed == pytest.approx(want_lp, abs=1e-4)
+    chat = client.chat.completions.create(model="tiny-qwen2", temperature=0, max_tokens=12, logprobs=True,
+                                          top_logprobs=3, messages=[{"role": "user", "content": "The quick brown fox"}])
+    content = chat.choices[0].logprobs.content
+    assert [c.logprob for c in content] == pytest.approx(want_lp, abs=1e-4)
+    assert [len(c.top_logprobs) for c in content] == [3] * len(content)
+    assert content[0].top_logprobs[0].logprob >= content[0].top_logprobs[1].logprob
+    assert bytes(content[0].bytes).decode() == content[0].token
+    plain = client.completions.create(model="tiny-qwen2", prompt="hello", max_tokens=2, temperature=0)
+    assert plain.choices[0].logprobs is None
+
+
 # --- stop strings ------------------------------------------------------------------------------
 
 def test_stop_strings_split_across_tokens(client):
@@ -287,7 +315,11 @@ BAD = [  # (path, body, raw bytes, status, param, code, message pattern)
      r"^the prompt has 900 tokens; this model's context is 256 tokens"),
     ("/v1/completions", {"prompt": "hi", "n": 2}, None, 400, "n", None, r"^n must be 1"),
     ("/v1/completions", {"prompt": "hi", "temperature": 3}, None, 400, "temperature", None, r"in \[0.0, 2.0\]"),
-    ("/v1/completions", {"prompt": "hi", "logprobs": 2}, None, 400, "logprobs", "unsupported_parameter", r""),
+    ("/v1/completions", {"prompt": "hi", "logprobs": 6}, None, 400, "logprobs", None,
+     r"^logprobs must be an integer in \[0, 5\], got 6$"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "a"}], "top_logprobs": 2}, None, 400,
+     "top_logprobs", None, r"^top_logprobs needs logprobs: true$"),
+    ("/v1/completions", {"prompt": "hi", "echo": True}, None, 400, "echo", "unsupported_parameter", r""),
     ("/v1/completions", {"prompt": "hi", "stop": ["a", ""]}, None, 400, "stop", None, r"non-empty"),
     ("/v1/completions", {"prompt": "hi", "stop_token_ids": [-1]}, None, 400, "stop_token_ids", None,
      r"^stop_token_ids must be a list of token ids in \[0, \d+\)$"),

@@ -25,6 +25,7 @@ from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
 from ..errors import InvalidRequestError, SpecrtError
+from ..logprobs import TokenLogprob
 from ..model import SpecModel
 from .errors import ApiError
 from .generation import Generation
@@ -124,7 +125,7 @@ class Server:
             return Response(status_code=499)
         choice = ({"index": 0, "message": {"role": "assistant", "content": text}} if chat
                   else {"index": 0, "text": text})
-        choice.update(logprobs=None, finish_reason=gen.finish_reason)
+        choice.update(logprobs=_logprobs(gen, gen.take_logprobs(), chat, 0), finish_reason=gen.finish_reason)
         return JSONResponse(self._envelope(rid, chat, chunk=False) | {
             "choices": [choice], "usage": gen.usage(), "specrt": gen.report()})
 
@@ -155,12 +156,18 @@ class Server:
     async def _stream(self, gen: Generation, req: GenerationRequest, rid: str) -> AsyncIterator[str]:
         chat = req.chat
 
+        offset = 0  # completions' text_offset of the next token
+
         def chunk(delta: str | None, finish_reason: str | None = None) -> dict[str, Any]:
+            nonlocal offset
             if chat:
                 choice = {"index": 0, "delta": {} if delta is None else {"content": delta}}
             else:
                 choice = {"index": 0, "text": delta or ""}
-            choice.update(logprobs=None, finish_reason=finish_reason)
+            logprobs = _logprobs(gen, gen.take_logprobs(), chat, offset)
+            if logprobs is not None and not chat:
+                offset += sum(len(t) for t in logprobs["tokens"])
+            choice.update(logprobs=logprobs, finish_reason=finish_reason)
             return self._envelope(rid, chat, chunk=True) | {"choices": [choice]}
 
         released = False
@@ -199,6 +206,25 @@ class Server:
                 with anyio.CancelScope(shield=True):
                     await release()
                 log.info("client gone: stopped after %d tokens", len(gen.token_ids))
+
+
+def _logprobs(gen: Generation, items: list[TokenLogprob], chat: bool, offset: int) -> dict[str, Any] | None:
+    """OpenAI's ``logprobs`` of ``items`` (one per emitted token, counted in usage; None when the
+    request asked for none). A token's text is its own decoding (U+FFFD for a part of a character);
+    completions' ``text_offset`` adds these lengths from ``offset``."""
+    if gen.request.logprobs is None:
+        return None
+    if chat:
+        def entry(token_id: int, logprob: float) -> dict[str, Any]:
+            text = gen.token_text(token_id)
+            return {"token": text, "logprob": logprob, "bytes": list(text.encode())}
+
+        return {"content": [entry(lp.token_id, lp.logprob) | {"top_logprobs": [entry(t, v) for t, v in lp.top]}
+                            for lp in items]}
+    tokens = [gen.token_text(lp.token_id) for lp in items]
+    offsets = [offset + sum(len(t) for t in tokens[:i]) for i in range(len(tokens))]
+    return {"tokens": tokens, "token_logprobs": [lp.logprob for lp in items],
+            "top_logprobs": [{gen.token_text(t): v for t, v in lp.top} for lp in items], "text_offset": offsets}
 
 
 async def _close(gen: Generation) -> None:

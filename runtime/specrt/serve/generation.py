@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 
 from ..cancel import CANCELLED, CancelToken
+from ..logprobs import TokenLogprob
 from ..model import SpecModel, TextStream
 from .requests import GenerationRequest
 from .stops import StopCutter
@@ -29,8 +30,10 @@ class Generation:
         self.loop, self._chunks = model.stream_ids(
             list(request.prompt_ids), max_new_tokens=request.max_tokens, method=spec.method, tree=spec.tree,
             temperature=request.temperature, top_p=request.top_p, seed=request.seed, draft_budget=spec.draft_budget,
-            cancel=self.token,
+            cancel=self.token, logprobs=request.logprobs,
         )
+        self._tokenizer = model.tokenizer
+        self._reported = 0  # tokens whose logprobs take_logprobs returned
         self._text = TextStream(model.tokenizer)
         self._stops = StopCutter(request.stop)
         self.token_ids: list[int] = []  # every token the model emitted (an EOS or a stop token included)
@@ -86,6 +89,15 @@ class Generation:
     def finish_reason(self) -> str:
         """OpenAI's: "stop" (EOS, a stop string or a stop token) or "length" (max_tokens or the context's end)."""
         return "stop" if self._stops.stopped or self.stop_token or self.loop.finish_reason == "eos" else "length"
+
+    def take_logprobs(self) -> list[TokenLogprob]:
+        """The logprobs of the tokens of ``token_ids`` not returned before (none when not asked)."""
+        got = self.loop.logprobs[self._reported : len(self.token_ids)]
+        self._reported += len(got)
+        return got
+
+    def token_text(self, token_id: int) -> str:
+        return self._tokenizer.decode([token_id], skip_special_tokens=False)
 
     def usage(self) -> dict[str, int]:
         prompt, completion = len(self.request.prompt_ids), len(self.token_ids)

@@ -21,9 +21,11 @@ from ..model import SpecModel
 from .errors import invalid
 
 MAX_STOPS = 4  # OpenAI's limit on stop strings
+MAX_LOGPROBS = 5  # OpenAI's limits: completions' logprobs, chat's top_logprobs
+MAX_TOP_LOGPROBS = 20
 SPECRT_FIELDS = ("method", "tree", "draft_budget")
 # OpenAI fields this server cannot honour: refused unless absent or at their neutral value
-UNSUPPORTED = ("logprobs", "top_logprobs", "echo", "suffix", "presence_penalty", "frequency_penalty",
+UNSUPPORTED = ("echo", "suffix", "presence_penalty", "frequency_penalty",
                "logit_bias", "tools", "functions", "response_format")
 NEUTRAL = (None, False, 0, 0.0, {}, [])
 
@@ -47,6 +49,7 @@ class GenerationRequest:
     seed: int | None
     stop: tuple[str, ...]  # cut before the first of these, never emitted
     stop_token_ids: tuple[int, ...]  # end at the first of these tokens (counted, its text not emitted)
+    logprobs: int | None  # None: none; k: each token's logprob and its k most likely alternatives
     stream: bool
     include_usage: bool  # stream_options.include_usage: a last chunk with the usage counts
     speculation: Speculation
@@ -92,6 +95,7 @@ def parse_request(
         seed=_seed(body.get("seed")),
         stop=_stops(body.get("stop")),
         stop_token_ids=_stop_ids(body.get("stop_token_ids"), model.manifest.dims.vocab),
+        logprobs=_logprobs(body, chat),
         stream=_bool(body, "stream", False),
         include_usage=_bool(stream_options, "include_usage", False, prefix="stream_options."),
         speculation=_speculation(body.get("specrt"), default, has_draft),
@@ -149,6 +153,25 @@ def _bool(body: dict, name: str, default: bool, prefix: str = "") -> bool:
         return default
     if not isinstance(value, bool):
         raise invalid(prefix + name, f"{prefix}{name} must be true or false, got {value!r}")
+    return value
+
+
+def _logprobs(body: dict, chat: bool) -> int | None:
+    """Completions: ``logprobs`` k in [0, MAX_LOGPROBS]; chat: ``logprobs`` true and ``top_logprobs`` k in
+    [0, MAX_TOP_LOGPROBS] (OpenAI's limits)."""
+    if chat:
+        top = body.get("top_logprobs")
+        if not _bool(body, "logprobs", False):
+            if top is not None:
+                raise invalid("top_logprobs", "top_logprobs needs logprobs: true")
+            return None
+        name, value, limit = "top_logprobs", 0 if top is None else top, MAX_TOP_LOGPROBS
+    else:
+        name, value, limit = "logprobs", body.get("logprobs"), MAX_LOGPROBS
+        if value is None:
+            return None
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= limit:
+        raise invalid(name, f"{name} must be an integer in [0, {limit}], got {value!r}")
     return value
 
 
