@@ -29,7 +29,7 @@ from transformers import AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from specrt import contract
 from specrt.backend import OrtDecoder
-from specrt.manifest import MANIFEST_NAME, ChatTemplate, Manifest, file_entry
+from specrt.manifest import MANIFEST_NAME, ChatTemplate, ChatTemplateFile, Manifest, file_entry
 from specrt.spec_gate import gate_from_params
 
 from .atomic import staged_dir, write_text_atomic
@@ -42,6 +42,7 @@ log = logging.getLogger(__name__)
 
 DECODER_FILE = "decoder.onnx"
 TOKENIZER_FILE = "tokenizer.json"
+CHAT_TEMPLATE_FILE = "chat_template.jinja"  # the model's Jinja chat template, rendered by specrt.chat
 PRODUCERS = ("torch", "transformers", "onnx", "onnxscript", "onnxruntime", "tokenizers", "numpy")
 _CHAT_SLOT = "\u2063PROMPT\u2063"  # an invisible separator that no template contains
 
@@ -98,6 +99,20 @@ def chat_template(tokenizer: PreTrainedTokenizerBase) -> ChatTemplate | None:
     if not found:
         raise ValueError("the chat template dropped the user message; cannot split it around the prompt")
     return ChatTemplate(prefix=prefix, suffix=suffix)
+
+
+def write_chat_template(tokenizer: PreTrainedTokenizerBase, out: Path) -> ChatTemplateFile | None:
+    """The tokenizer's Jinja chat template (from the checkpoint's tokenizer_config.json, which the
+    weights stage took from the GGUF) written to ``out/chat_template.jinja``, with the special tokens
+    it may read by name (as ``apply_chat_template`` passes them); None when it has no template."""
+    template = getattr(tokenizer, "chat_template", None)
+    if not template:
+        return None
+    if not isinstance(template, str):
+        raise ValueError(f"the tokenizer's chat_template is a {type(template).__name__}, expected one template (str)")
+    (out / CHAT_TEMPLATE_FILE).write_text(template, encoding="utf-8")
+    special = {k: v for k, v in tokenizer.special_tokens_map.items() if isinstance(v, str)}
+    return ChatTemplateFile(file=CHAT_TEMPLATE_FILE, special_tokens=special)
 
 
 def check_tokenizer(tokenizer: PreTrainedTokenizerBase, tokenizer_json: Path, samples: list[str]) -> None:
@@ -170,6 +185,7 @@ def _write_artifact(
     export_s = time.perf_counter() - t0
     shutil.copyfile(tokenizer_json, out / TOKENIZER_FILE)
     check_tokenizer(tokenizer, out / TOKENIZER_FILE, ["def add(a, b):\n    return a + b", "Hello, world! héllo"])
+    template = write_chat_template(tokenizer, out)
 
     t0 = time.perf_counter()
     decoder = OrtDecoder(out / DECODER_FILE, dims, threads=None)
@@ -199,6 +215,7 @@ def _write_artifact(
         io={"inputs": [asdict(t) for t in inputs], "outputs": [asdict(t) for t in outputs]},
         producers=producer_versions(),
         chat=chat_template(tokenizer),
+        chat_template=template,
         spec_safe=bool(gate_report["spec_safe"]),
         attention=attention,
         checks={"parity": parity, "gate": gate_report, "export_s": round(export_s, 2)},

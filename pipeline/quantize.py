@@ -62,7 +62,7 @@ def decode_ms_per_token(decoders: dict[str, OrtDecoder], prompt: np.ndarray, ste
 
 def build_variant(src: Path, base: Manifest, out: Path, variant: str, config: QuantConfig) -> Manifest:
     """Quantize the decoder of ``src`` (verified manifest ``base``) into ``out`` (decoder and
-    tokenizer; the manifest comes later). A graph exported with portable attention is for providers
+    tokenizer, chat template; the manifest comes later). A graph exported with portable attention is for providers
     without specrt's kernels: its ``specrt_q4`` variant is made with onnxruntime's MatMulNBits instead."""
     if config.method == "specrt_q4" and base.attention == "portable":
         log.info("%s: portable graph, so the int4 MatMuls are onnxruntime's MatMulNBits, not specrt's MatMulQ4", src)
@@ -72,6 +72,8 @@ def build_variant(src: Path, base: Manifest, out: Path, variant: str, config: Qu
     quantize_s = time.perf_counter() - t0
     save_model(model, out / base.decoder)
     shutil.copyfile(src / base.tokenizer, out / base.tokenizer)
+    if base.chat_template is not None:
+        shutil.copyfile(src / base.chat_template.file, out / base.chat_template.file)
     return replace(
         base,
         variant=variant,

@@ -66,7 +66,8 @@ def kv_bytes_per_position(manifest: Manifest) -> int:
 
 def weight_bytes(manifest: Manifest) -> int:
     """Bytes of the decoder graph and its external weights (not the tokenizer)."""
-    return sum(f.bytes for name, f in manifest.files.items() if name != manifest.tokenizer)
+    template = manifest.chat_template.file if manifest.chat_template else None
+    return sum(f.bytes for name, f in manifest.files.items() if name not in (manifest.tokenizer, template))
 
 
 def gathered_bytes(decoder: Path) -> int:

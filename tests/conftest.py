@@ -45,3 +45,15 @@ def tiny_qwen2_genai(tiny_qwen2, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("tiny-qwen2-genai") / "fp32"
     peers.build_genai(tiny_qwen2[1], out, "fp32")
     return out
+
+
+QWEN25_CHAT_TEMPLATE = Path(__file__).parent / "data" / "qwen2.5-chat-template.jinja"  # the default model's
+
+
+@pytest.fixture(scope="session")
+def tiny_chat_artifact(tmp_path_factory) -> Path:
+    """A tiny Qwen2 artifact exported with Qwen2.5's chat template (tests/data, the default model's)."""
+    root = tmp_path_factory.mktemp("tiny-chat")
+    folder, _ = build_tiny_artifact("qwen2", root / "fp32", chat_template=QWEN25_CHAT_TEMPLATE.read_text())
+    return folder
+

@@ -7,6 +7,7 @@ Gemma 3 gets a sliding window of 8 so that every test prompt is longer than the 
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -23,6 +24,7 @@ from transformers import (
 )
 
 from pipeline.export import build_artifact
+from specrt.manifest import file_entry
 
 ARCHS = ("qwen2", "llama", "gemma3")
 VOCAB = 320
@@ -96,12 +98,16 @@ def memorize(model: torch.nn.Module, tokenizer: PreTrainedTokenizerFast, steps: 
     return model.eval()
 
 
-def build_tiny_artifact(arch: str, out: Path, attention: str = "specrt") -> tuple[Path, torch.nn.Module]:
+def build_tiny_artifact(
+    arch: str, out: Path, attention: str = "specrt", chat_template: str | None = None
+) -> tuple[Path, torch.nn.Module]:
     """An fp32 artifact folder for a tiny ``arch`` model, through pipeline.export.build_artifact
-    (``attention``: export.attention, "specrt" or "portable")."""
+    (``attention``: export.attention, "specrt" or "portable"; ``chat_template``: the tokenizer's
+    Jinja chat template, none by default)."""
     out.parent.mkdir(parents=True, exist_ok=True)
     tokenizer_json = tiny_tokenizer(out.parent / f"{arch}-tokenizer.json")
     hf_tok = PreTrainedTokenizerFast(tokenizer_file=str(tokenizer_json), eos_token=EOS)
+    hf_tok.chat_template = chat_template
     model = memorize(tiny_model(arch, hf_tok.vocab_size, hf_tok.eos_token_id), hf_tok)
     check_ids = np.random.default_rng(0).integers(0, hf_tok.vocab_size, 40)
     build_artifact(
@@ -168,3 +174,23 @@ def specbench_questions(path: Path) -> Path:
     rows = [{"question_id": i, "category": task, "turns": [PROMPTS[i % len(PROMPTS)]]} for i, task in enumerate(tasks)]
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return path
+
+
+def with_chat(src: Path, dst: Path, template: str | None, chat: dict | None = None) -> Path:
+    """A copy of the artifact ``src`` at ``dst`` whose chat template file is ``template`` (None: the
+    manifest stores none, as artifacts exported before templates were kept) and, when given,
+    whose single-user-turn ``chat`` prefix/suffix is ``chat``; the manifest's file table follows."""
+    shutil.copytree(src, dst)
+    manifest = json.loads((dst / "manifest.json").read_text())
+    if template is None:
+        (dst / manifest["chat_template"]["file"]).unlink()
+        del manifest["files"][manifest["chat_template"]["file"]]
+        manifest["chat_template"] = None
+    else:
+        (dst / manifest["chat_template"]["file"]).write_text(template)
+        entry = file_entry(dst / manifest["chat_template"]["file"])
+        manifest["files"][manifest["chat_template"]["file"]] = {"sha256": entry.sha256, "bytes": entry.bytes}
+    if chat is not None:
+        manifest["chat"] = chat
+    (dst / "manifest.json").write_text(json.dumps(manifest))
+    return dst

@@ -5,12 +5,13 @@
     result = model.generate("def add(a, b):", max_new_tokens=64, method="pld")
 """
 
+from .cancel import CancelToken
 from .drafters import METHODS
 from .errors import ArtifactError, DrafterError, InvalidRequestError, SpecrtError
 from .model import GenerationResult, SpecModel, load
 
 __all__ = [
     "load", "SpecModel", "GenerationResult", "METHODS", "SpecrtError", "ArtifactError", "InvalidRequestError",
-    "DrafterError",
+    "DrafterError", "CancelToken",
 ]
 __version__ = "0.1.0"

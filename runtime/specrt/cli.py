@@ -1,23 +1,27 @@
 """``specrt generate``: complete a prompt from the command line; ``specrt check``: is speculation
-lossless with this artifact here?
+lossless with this artifact here? ``specrt serve``: an OpenAI-compatible HTTP server.
 
     specrt generate --model artifacts/qwen2.5-coder-0.5b-instruct/fp32 --method pld "def add(a, b):"
     specrt check --model artifacts/qwen2.5-coder-0.5b-instruct/int4 [--provider cuda]
+    specrt serve --model artifacts/qwen2.5-coder-0.5b-instruct/int4 --port 8000
 
 ``generate``: the completion goes to stdout; speed and acceptance go to stderr (or everything as
 JSON with ``--json``). ``check``: the spec-safety verdict for this machine and provider
 (:meth:`specrt.model.SpecModel.spec_safety`: the manifest's where its basis covers them, else the
-self-check, run and cached now) as JSON; exit 0 when spec-safe, 1 when not.
+self-check, run and cached now) as JSON; exit 0 when spec-safe, 1 when not. ``serve``: needs the
+``serve`` extra (starlette, uvicorn), imported only by this command (:mod:`specrt.serve`).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import logging
 import sys
 from dataclasses import asdict
 from pathlib import Path
 
+from .chat import messages
 from .datastore import MANIFEST_NAME as DATASTORE_MANIFEST
 from .drafters import DEFAULT_METHOD, METHODS
 from .errors import InvalidRequestError, SpecrtError
@@ -28,7 +32,8 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="specrt", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     gen = sub.add_parser("generate", help="complete a prompt")
-    gen.add_argument("prompt", help="prompt text ('-' reads it from stdin)")
+    gen.add_argument("prompt", nargs="?", default=None,
+                     help="prompt text ('-' reads it from stdin); with --system/--messages, the last user turn")
     gen.add_argument("--model", required=True, help="artifact folder, e.g. artifacts/<model>/fp32")
     gen.add_argument("--method", default=DEFAULT_METHOD,
                      help=f"drafting method (default auto: the best draft per step): {', '.join(sorted(METHODS))}")
@@ -41,7 +46,13 @@ def _parser() -> argparse.ArgumentParser:
     gen.add_argument("--draft-budget", type=int, default=8, help="draft-tree nodes per verify step")
     gen.add_argument("--no-backoff", dest="backoff", action="store_false", default=None,
                      help="verify every draft, even while drafts do not pay for their window (default: back off)")
-    gen.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
+    gen.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template (one user turn)")
+    gen.add_argument("--system", default=None,
+                     help="a system prompt: the prompt becomes chat messages rendered by the model's Jinja chat "
+                     "template (needs the 'chat' extra)")
+    gen.add_argument("--messages", type=Path, default=None,
+                     help="a JSON file of earlier chat messages ([{\"role\", \"content\"}, ...]); the prompt, if "
+                     "given, is appended as the last user turn (needs the 'chat' extra)")
     gen.add_argument(
         "--datastore",
         default=None,
@@ -49,6 +60,9 @@ def _parser() -> argparse.ArgumentParser:
         "'datastore' when the pipeline built one)",
     )
     gen.add_argument("--threads", type=int, default=None, help="onnxruntime intra-op threads")
+    gen.add_argument("--skip-hash-check", dest="check_hashes", action="store_false",
+                     help="do not check the artifact files' sha256 (sizes still are); an unchanged folder "
+                     "is hashed only once anyway (a verified stamp in ~/.cache/specrt)")
     gen.add_argument("--provider", default="cpu",
                      help="execution provider: cpu, or cuda (needs onnxruntime-gpu; README, 'CUDA')")
     gen.add_argument("--draft", default=None, help="draft model artifact folder, for --method sd, hsd, hsd_capped "
@@ -58,12 +72,61 @@ def _parser() -> argparse.ArgumentParser:
     check = sub.add_parser("check", help="whether speculation is lossless with this artifact on this machine")
     check.add_argument("--model", required=True, help="artifact folder, e.g. artifacts/<model>/int4")
     check.add_argument("--threads", type=int, default=None, help="onnxruntime intra-op threads")
+    check.add_argument("--skip-hash-check", dest="check_hashes", action="store_false",
+                     help="do not check the artifact files' sha256 (sizes still are); an unchanged folder "
+                     "is hashed only once anyway (a verified stamp in ~/.cache/specrt)")
     check.add_argument("--provider", default="cpu", help="execution provider: cpu or cuda")
+    serve = sub.add_parser("serve", help="an OpenAI-compatible HTTP server (needs the 'serve' extra)")
+    serve.add_argument("--model", required=True, help="artifact folder, e.g. artifacts/<model>/int4")
+    serve.add_argument("--draft", default=None, help="draft model artifact folder, for sd, hsd, hsd_capped")
+    serve.add_argument("--datastore", default=None, help="retrieval datastore folder (default: as generate)")
+    serve.add_argument("--method", default=DEFAULT_METHOD,
+                       help=f"the default drafting method of requests (default {DEFAULT_METHOD})")
+    serve.add_argument("--tree", action="store_true", help="requests verify draft trees by default")
+    serve.add_argument("--draft-budget", type=int, default=8, help="default draft-tree nodes per verify step")
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--max-concurrent", type=int, default=4,
+                       help="generations running at once; more are answered 429 with Retry-After")
+    serve.add_argument("--threads", type=int, default=None, help="onnxruntime intra-op threads")
+    serve.add_argument("--skip-hash-check", dest="check_hashes", action="store_false",
+                     help="do not check the artifact files' sha256 (sizes still are); an unchanged folder "
+                     "is hashed only once anyway (a verified stamp in ~/.cache/specrt)")
+    serve.add_argument("--provider", default="cpu", help="execution provider: cpu or cuda")
+    serve.add_argument("--prefix-cache-mb", type=float, default=256,
+                       help="host memory for recent prompts' KV rows (0: off); chat turns reuse their prefill")
     return parser
 
 
+def _datastore(model: str, datastore: str | None) -> str | Path | None:
+    """``datastore``, or the model folder's sibling 'datastore' when the pipeline built one."""
+    sibling = Path(model).parent / "datastore"
+    if datastore is None and (sibling / DATASTORE_MANIFEST).is_file():
+        return sibling
+    return datastore
+
+
+def _serve(args: argparse.Namespace) -> None:
+    try:
+        import uvicorn
+
+        from .serve import ServeConfig, Speculation, build_app
+    except ImportError as e:
+        raise InvalidRequestError(f"specrt serve needs the 'serve' extra (pip install 'specrt[serve]'): {e}") from None
+    if args.method not in METHODS:
+        raise InvalidRequestError(f"unknown method {args.method!r}; valid methods: {', '.join(sorted(METHODS))}")
+    model = load(args.model, provider=args.provider, threads=args.threads, datastore=_datastore(args.model,
+                 args.datastore), draft=args.draft, prefix_cache_mb=args.prefix_cache_mb,
+                 check_hashes=args.check_hashes)
+    speculation = Speculation(method=args.method, tree=args.tree, draft_budget=args.draft_budget)
+    config = ServeConfig(model_id=model.manifest.name, speculation=speculation, max_concurrent=args.max_concurrent)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s:     %(name)s: %(message)s")  # as uvicorn's lines
+    uvicorn.run(build_app(model, config), host=args.host, port=args.port, log_level="info")
+
+
 def _check(args: argparse.Namespace) -> bool:
-    verdict = load(args.model, provider=args.provider, threads=args.threads).spec_safety()
+    verdict = load(args.model, provider=args.provider, threads=args.threads,
+                   check_hashes=args.check_hashes).spec_safety()
     print(json.dumps(asdict(verdict), indent=2))
     return verdict.spec_safe
 
@@ -79,27 +142,46 @@ def _read_prompt(arg: str) -> str:
         raise InvalidRequestError(f"stdin is not valid {e.encoding} text: byte {e.start} ({e.reason})") from None
 
 
+def _messages(args: argparse.Namespace, prompt: str | None) -> list[dict]:
+    """The chat messages of --system, --messages and the prompt (the last user turn)."""
+    msgs: list = [] if args.system is None else [{"role": "system", "content": args.system}]
+    if args.messages is not None:
+        try:
+            history = json.loads(args.messages.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise InvalidRequestError(f"{args.messages}: not a readable JSON file ({e})") from None
+        try:
+            msgs += [{"role": m.role, "content": m.content} for m in messages(history)]
+        except InvalidRequestError as e:
+            raise InvalidRequestError(f"{args.messages}: {e}") from None
+    if prompt is not None:
+        msgs.append({"role": "user", "content": prompt})
+    return msgs
+
+
 def _generate(args: argparse.Namespace) -> None:
-    prompt = _read_prompt(args.prompt)
-    datastore = args.datastore
-    sibling = Path(args.model).parent / "datastore"
-    if datastore is None and (sibling / DATASTORE_MANIFEST).is_file():
-        datastore = sibling
-    model = load(args.model, provider=args.provider, threads=args.threads, datastore=datastore, draft=args.draft)
+    if args.prompt is None and args.messages is None:
+        raise InvalidRequestError("generate needs a prompt, or --messages FILE")
+    prompt = None if args.prompt is None else _read_prompt(args.prompt)
+    chat_messages = _messages(args, prompt) if args.system is not None or args.messages is not None else None
+    datastore = _datastore(args.model, args.datastore)
+    model = load(args.model, provider=args.provider, threads=args.threads, datastore=datastore, draft=args.draft,
+                 check_hashes=args.check_hashes)
+    prompt_ids = model.encode_chat(chat_messages) if chat_messages else model.encode(prompt, chat=args.chat)
     options = dict(
         max_new_tokens=args.max_new_tokens, method=args.method, tree=args.tree, temperature=args.temperature,
         top_k=args.top_k, top_p=args.top_p, seed=args.seed, draft_budget=args.draft_budget,
         backoff=args.backoff,
     )
     if args.stream and not args.json:
-        loop, chunks = model.stream_ids(model.encode(prompt, chat=args.chat), **options)
+        loop, chunks = model.stream_ids(prompt_ids, **options)
         text = TextStream(model.tokenizer)
         for chunk in chunks:
             print(text.push(chunk), end="", flush=True)
-        print()
+        print(text.finish())
         _print_stats(args.method, args.tree, loop.finish_reason or "length", loop.stats.as_dict())
         return
-    result = model.generate(prompt, chat=args.chat, **options)
+    result = model.generate_result(prompt_ids, **options)
     if args.json:
         print(json.dumps(asdict(result), indent=2))
         return
@@ -124,6 +206,8 @@ def main(argv: list[str] | None = None) -> int:
             _generate(args)
         elif args.command == "check":
             return 0 if _check(args) else 1
+        elif args.command == "serve":
+            _serve(args)
     except SpecrtError as e:
         print(f"specrt: error: {e}", file=sys.stderr)
         return 2

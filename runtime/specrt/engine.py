@@ -27,9 +27,11 @@ import numpy as np
 from .backend import ForwardOutput, OrtDecoder
 from .backoff import Backoff
 from .blas import BlasGuard
+from .cancel import CancelToken
 from .cost import VerifyCostModel
 from .drafters import Drafter, Feedback
 from .errors import DrafterError, InvalidRequestError, check_int
+from .logprobs import TokenLogprob, token_logprobs, window_rows
 from .prefix_cache import PrefixCache, PrefixEntry
 from .rejection import Verifier, accept_tree_stochastic
 from .sampling import SamplingParams, sample, target_probs
@@ -45,6 +47,7 @@ class LoopConfig:
     prefill_chunk: int = 256  # prompt positions per prefill pass (bounds the [chunk, vocab] logits)
     seed: int | None = None
     backoff: bool = False  # verify drafts only as deep as pays for the window (specrt.backoff)
+    logprobs: int | None = None  # None: off; k >= 0: each emitted token's logprob and its k most likely tokens
 
     def __post_init__(self) -> None:
         check_int("max_new_tokens", self.max_new_tokens, minimum=0)
@@ -52,6 +55,8 @@ class LoopConfig:
         check_int("prefill_chunk", self.prefill_chunk, minimum=1)
         if self.seed is not None:
             check_int("seed", self.seed)
+        if self.logprobs is not None:
+            check_int("logprobs", self.logprobs, minimum=0)
         if not isinstance(self.backoff, bool):
             raise InvalidRequestError(f"backoff must be a bool, got {type(self.backoff).__name__}")
         if not isinstance(self.sampling, SamplingParams):
@@ -161,6 +166,10 @@ def prefill(
         yield out
 
 
+class _Stopped(Exception):
+    """The cancel token stopped the prefill."""
+
+
 class SpeculativeLoop:
     """Runs one request on a decoder; iterate :meth:`run` for emitted token chunks."""
 
@@ -175,7 +184,9 @@ class SpeculativeLoop:
         backoff_from: Backoff | None = None,  # an earlier request's back-off: start from its estimate
         prefix_cache: PrefixCache | None = None,  # prompts' KV kept across requests (specrt.prefix_cache)
         blas: BlasGuard | None = None,  # drafter calls run with one BLAS thread (specrt.blas); None: as they are
+        cancel: CancelToken | None = None,  # checked before each prefill pass and verify step (specrt.cancel)
     ):
+        self.cancel = cancel
         self.decoder = decoder
         self.prefix_cache = prefix_cache
         self.blas = blas
@@ -192,7 +203,9 @@ class SpeculativeLoop:
             self.backoff = backoff_from.carried_over() if backoff_from is not None else Backoff(cost)
         self.rng = np.random.default_rng(config.seed)
         self.stats = LoopStats()
-        self.finish_reason: str | None = None  # "eos", "length" (max_new_tokens) or "context" (context full)
+        # "eos", "length" (max_new_tokens), "context" (context full), "cancelled" or "timeout" (specrt.cancel)
+        self.finish_reason: str | None = None
+        self.logprobs: list[TokenLogprob] = []  # one per emitted token when config.logprobs is not None
         self._limit = config.max_new_tokens  # new tokens this request may emit (clipped by the context in run)
         self._limit_reason = "length"
 
@@ -226,6 +239,18 @@ class SpeculativeLoop:
             return emitted[:room], self._limit_reason
         return emitted, None
 
+    def _record_logprobs(self, logits: np.ndarray, emitted: np.ndarray) -> None:
+        """Append the logprobs of ``emitted`` (logits: [len(emitted), vocab], row i predicts emitted[i])."""
+        if self.config.logprobs is not None:
+            self.logprobs.extend(token_logprobs(logits[: len(emitted)], emitted, self.config.logprobs))
+
+    def _stopped(self) -> bool:
+        """Whether the request's cancel token says stop; sets ``finish_reason`` to its reason."""
+        reason = self.cancel.reason() if self.cancel is not None else None
+        if reason is not None:
+            self.finish_reason = reason
+        return reason is not None
+
     def _call_drafter(self, step: str, fn: Callable[..., Any], *args: Any) -> Any:
         """The drafter's ``step`` (begin / propose / observe), with one BLAS thread when the loop has a
         guard: whatever it raises becomes a DrafterError."""
@@ -251,6 +276,8 @@ class SpeculativeLoop:
             hidden.append(hit.entry.hidden[: hit.rows])
         for out in prefill(self.decoder, prompt[self.decoder.past :], chunk, last_logits_only=True):
             hidden.append(out.hidden_states)
+            if self.decoder.past < len(prompt) and self._stopped():
+                raise _Stopped
         last_logits, states = out.logits[-1], np.concatenate(hidden)  # [vocab], [t, hidden]
         states.setflags(write=False)  # drafters read it; a cache hit hands later requests the same array
         if cache is not None and cache.fits(self.decoder.snapshot_bytes(len(prompt)) + states.nbytes):
@@ -263,7 +290,8 @@ class SpeculativeLoop:
         final once the iterator is exhausted. prompt: [t] int64, 1 <= t < the model's context.
 
         Prompt + generation never exceed the context (``dims.max_context``): when max_new_tokens
-        does not fit, generation stops with finish_reason "context" once the context is full."""
+        does not fit, generation stops with finish_reason "context" once the context is full. A
+        cancel token stops it before its next prefill pass or verify step ("cancelled", "timeout")."""
         cfg, stats = self.config, self.stats
         context_len = self.decoder.dims.max_context
         stats.prompt_tokens = len(prompt)
@@ -283,8 +311,14 @@ class SpeculativeLoop:
 
         vocab = self.decoder.dims.vocab
         t0 = time.perf_counter()
-        last_logits, hidden = self._prefill(prompt)
+        if self._stopped():
+            return
+        try:
+            last_logits, hidden = self._prefill(prompt)
+        except _Stopped:  # cancelled between two prefill passes: nothing emitted
+            return
         first = np.array([self._choose(last_logits)], np.int64)
+        self._record_logprobs(last_logits[None], first)
         stats.prefill_s = time.perf_counter() - t0
         emitted, self.finish_reason = self._stop(first, 0)
         context = np.concatenate([prompt, emitted])
@@ -293,6 +327,8 @@ class SpeculativeLoop:
         yield emitted
 
         while self.finish_reason is None:
+            if self._stopped():
+                return
             t_step = time.perf_counter()
             remaining = self._limit - stats.new_tokens
             # never draft beyond what can still be emitted or cached (the root needs one slot)
@@ -320,6 +356,7 @@ class SpeculativeLoop:
             self.decoder.commit(np.concatenate([[0], walk.path + 1]))
 
             emitted, self.finish_reason = self._stop(walk.emitted, stats.new_tokens)
+            self._record_logprobs(out.logits[window_rows(walk.path)[: len(emitted)]], emitted)
             stats.steps += 1
             stats.drafted += len(tree)
             stats.accepted += len(walk.path)

@@ -19,6 +19,10 @@ class InvalidRequestError(SpecrtError, ValueError):
     """A generation request (prompt, option or method name) is not acceptable."""
 
 
+class MissingDependencyError(SpecrtError, ImportError):
+    """An optional feature whose extra is not installed; names the extra (e.g. ``specrt[chat]``)."""
+
+
 class DrafterError(SpecrtError):
     """A drafter raised, or proposed a malformed draft tree; names the drafter. The model stays usable."""
 

@@ -1,7 +1,8 @@
 """The artifact manifest: what an exported decoder folder holds, and the checks before it is trusted.
 
 An artifact folder (``artifacts/<model>/<variant>/``) holds ``manifest.json``, the ONNX decoder
-(with its external-data file) and ``tokenizer.json``. The manifest records every file's size and
+(with its external-data file), ``tokenizer.json`` and, when the model has one, its Jinja chat
+template (``chat_template.jinja``, rendered by :mod:`specrt.chat`). The manifest records every file's size and
 sha256; :func:`read_manifest` refuses a folder whose files do not match.
 """
 
@@ -14,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import ArtifactError
+from .stamp import FileState, Verified, read_stamp, write_stamp
 
 MANIFEST_NAME = "manifest.json"
 FORMAT = "specrt-decoder/1"
@@ -45,6 +47,15 @@ class ChatTemplate:
 
 
 @dataclass(frozen=True)
+class ChatTemplateFile:
+    """The model's own Jinja chat template (the checkpoint's ``tokenizer_config.json``
+    ``chat_template``), a file of the folder, and the special tokens it may read by name."""
+
+    file: str  # e.g. "chat_template.jinja"; listed in ``files`` (size and sha256 checked)
+    special_tokens: dict[str, str] = field(default_factory=dict)  # "bos_token" -> "<|endoftext|>", ...
+
+
+@dataclass(frozen=True)
 class Manifest:
     name: str  # model name, e.g. "qwen2.5-coder-0.5b-instruct"
     variant: str  # "fp32", "int8", "int4", ...
@@ -56,7 +67,8 @@ class Manifest:
     files: dict[str, FileEntry]  # every file of the folder but the manifest
     io: dict[str, list[dict[str, Any]]]  # the contract table (see specrt.contract)
     producers: dict[str, str]  # package -> version of the tools that built it
-    chat: ChatTemplate | None = None
+    chat: ChatTemplate | None = None  # one user turn, rendered at export (no Jinja needed)
+    chat_template: ChatTemplateFile | None = None  # any messages (specrt.chat); None in older artifacts
     spec_safe: bool = True  # False: verify windows may disagree with single steps
     attention: str = "portable"  # "specrt": SpecAttention nodes (CPU, specrt's kernel library); see contract
     checks: dict[str, Any] = field(default_factory=dict)  # parity / lossless reports
@@ -96,6 +108,7 @@ def parse_manifest(raw: dict[str, Any], where: Path) -> Manifest:
         dims = ModelDims(**_require(raw, "dims", where))
         files = {name: FileEntry(**entry) for name, entry in _require(raw, "files", where).items()}
         chat_raw = raw.get("chat")
+        template_raw = raw.get("chat_template")
         return Manifest(
             name=str(_require(raw, "name", where)),
             variant=str(_require(raw, "variant", where)),
@@ -108,6 +121,7 @@ def parse_manifest(raw: dict[str, Any], where: Path) -> Manifest:
             io=dict(_require(raw, "io", where)),
             producers=dict(raw.get("producers", {})),
             chat=ChatTemplate(**chat_raw) if chat_raw else None,
+            chat_template=_template_file(template_raw, where) if template_raw else None,
             spec_safe=bool(raw.get("spec_safe", True)),
             attention=str(raw.get("attention", "portable")),
             checks=dict(raw.get("checks", {})),
@@ -116,11 +130,28 @@ def parse_manifest(raw: dict[str, Any], where: Path) -> Manifest:
         raise ArtifactError(f"{where}: malformed field ({e})") from None
 
 
+def _template_file(raw: Any, where: Path) -> ChatTemplateFile:
+    template = ChatTemplateFile(**raw) if isinstance(raw, dict) else None
+    if template is None or not isinstance(template.file, str) or not isinstance(template.special_tokens, dict) \
+            or not all(isinstance(k, str) and isinstance(v, str) for k, v in template.special_tokens.items()):
+        raise ArtifactError(f"{where}: field 'chat_template' must be {{\"file\": str, \"special_tokens\": "
+                            f"{{str: str}}}}, got {raw!r}")
+    return template
+
+
 def verify_files(manifest: Manifest, folder: Path, *, check_hashes: bool = True) -> None:
-    """Raise :class:`ArtifactError` naming the first file that is missing or differs from the manifest."""
-    for name in (manifest.decoder, manifest.tokenizer):
+    """Raise :class:`ArtifactError` naming the first file that is missing or differs from the manifest.
+
+    Sizes are always checked; sha256s unless ``check_hashes=False``, and then only for files
+    changed since the last load verified them (:mod:`specrt.stamp`)."""
+    named = [manifest.decoder, manifest.tokenizer]
+    if manifest.chat_template is not None:
+        named.append(manifest.chat_template.file)
+    for name in named:
         if name not in manifest.files:
             raise ArtifactError(f"{folder / MANIFEST_NAME}: 'files' has no entry for {name!r}")
+    stamp = read_stamp(folder) if check_hashes else {}
+    verified: dict[str, Verified] = {}
     for name, entry in manifest.files.items():
         path = folder / name
         if not path.is_file():
@@ -128,11 +159,21 @@ def verify_files(manifest: Manifest, folder: Path, *, check_hashes: bool = True)
         size = path.stat().st_size
         if size != entry.bytes:
             raise ArtifactError(f"{path}: {size} bytes, manifest says {entry.bytes} (truncated or replaced?)")
-        if check_hashes and (found := sha256_file(path)) != entry.sha256:
+        if not check_hashes:
+            continue
+        before = FileState.of(path)
+        if stamp.get(name) == Verified(entry.sha256, before):
+            verified[name] = stamp[name]
+            continue
+        if (found := sha256_file(path)) != entry.sha256:
             raise ArtifactError(
                 f"{path}: sha256 differs from the manifest (corrupt or replaced): expected {entry.sha256}, "
                 f"found {found}"
             )
+        if FileState.of(path) == before:  # not written while it was hashed
+            verified[name] = Verified(entry.sha256, before)
+    if check_hashes and verified != stamp:
+        write_stamp(folder, verified)
 
 
 def read_json_object(path: Path) -> dict[str, Any]:

@@ -31,7 +31,7 @@ import hashlib
 import logging
 import threading
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -39,8 +39,15 @@ from typing import Any
 import numpy as np
 from tokenizers import Tokenizer
 
+try:
+    from tokenizers.decoders import DecodeStream
+except ImportError:  # tokenizers < 0.21: TextStream decodes a window itself
+    DecodeStream = None
+
 from .backend import DecoderSession, OrtDecoder
 from .blas import BlasGuard
+from .cancel import CancelToken
+from .chat import ChatRenderer, Message, messages
 from .cost import VerifyCostModel
 from .datastore import STATE_KEY as DATASTORE_STATE_KEY
 from .datastore import datastore_for
@@ -49,6 +56,7 @@ from .drafters.baseline import NoDraft
 from .drafters.draft_model import check_vocab_compatible
 from .engine import LoopConfig, SpeculativeLoop
 from .errors import ArtifactError, InvalidRequestError, check_int, check_number
+from .logprobs import TokenLogprob
 from .manifest import Manifest, read_manifest
 from .prefix_cache import PrefixCache
 from .sampling import SamplingParams
@@ -62,25 +70,59 @@ class GenerationResult:
     text: str  # the completion, special tokens removed
     token_ids: tuple[int, ...]  # the completion's tokens (an EOS that ended it included)
     prompt_token_ids: tuple[int, ...]
-    finish_reason: str  # "eos", "length" (max_new_tokens reached) or "context" (the model's context is full)
+    # "eos", "length" (max_new_tokens reached), "context" (the model's context is full), "cancelled" or
+    # "timeout" (specrt.cancel)
+    finish_reason: str
     method: str
     tree: bool
     stats: dict[str, Any]  # see specrt.engine.LoopStats.as_dict
+    logprobs: tuple[TokenLogprob, ...] | None = None  # one per token of token_ids, when asked (logprobs=k)
 
 
 class TextStream:
-    """Incremental detokenization: the text of newly emitted tokens, holding back a partial character."""
+    """Incremental detokenization in linear time: each :meth:`push` returns the text of the newly
+    emitted tokens (a character split across tokens is held back until it is complete), and
+    :meth:`finish` the rest, so that all pieces joined equal ``tokenizer.decode(ids,
+    skip_special_tokens=True)`` of the whole output.
+
+    Uses tokenizers' ``DecodeStream`` (tokenizers >= 0.21); on older versions, the same windowed
+    decoding in Python: only the tokens since the last complete piece, and a few before them for
+    context, are decoded at each push."""
 
     def __init__(self, tokenizer: Tokenizer):
         self.tokenizer = tokenizer
         self.ids: list[int] = []
         self.sent = 0  # characters already returned
+        self._stream = DecodeStream(skip_special_tokens=True) if DecodeStream is not None else None
+        self._prefix = 0  # windowed decoding: ids[_prefix:_read] is the context of the next piece
+        self._read = 0
 
-    def push(self, ids: np.ndarray) -> str:
-        self.ids.extend(int(t) for t in ids)
-        text = self.tokenizer.decode(self.ids, skip_special_tokens=True)
-        if text.endswith("\ufffd"):  # an incomplete UTF-8 sequence: wait for the next tokens
+    def push(self, ids: np.ndarray | list[int]) -> str:
+        pieces = []
+        for t in ids:  # token by token: a piece ends at each complete character
+            self.ids.append(int(t))
+            if self._stream is not None:
+                pieces.append(self._stream.step(self.tokenizer, int(t)) or "")
+            else:
+                pieces.append(self._window())
+        piece = "".join(pieces)
+        self.sent += len(piece)
+        return piece
+
+    def _window(self) -> str:
+        decode = self.tokenizer.decode
+        before = decode(self.ids[self._prefix : self._read], skip_special_tokens=True)
+        text = decode(self.ids[self._prefix :], skip_special_tokens=True)
+        if len(text) <= len(before) or text.endswith("\ufffd"):  # nothing new, or an incomplete character
             return ""
+        self._prefix, self._read = self._read, len(self.ids)
+        return text[len(before) :]
+
+    def finish(self) -> str:
+        """At the end of the output: the text not yet returned (a held-back partial character
+        decodes as U+FFFD, as in ``tokenizer.decode`` of the whole output). Decodes the whole
+        output once."""
+        text = self.tokenizer.decode(self.ids, skip_special_tokens=True)
         piece, self.sent = text[self.sent :], len(text)
         return piece
 
@@ -169,6 +211,7 @@ class SpecModel:
         self._idle: list[OrtDecoder] = []  # a KV cache no request uses
         self._warned_unsafe = False
         self._verdict: Verdict | None = None  # spec_safety(), decided before the first speculative request
+        self._chat: ChatRenderer | None = None  # the compiled chat template, at the first messages rendered
         try:
             self.tokenizer = Tokenizer.from_file(str(folder / manifest.tokenizer))
         except Exception as e:  # the tokenizers library raises a bare Exception on bad JSON
@@ -186,22 +229,51 @@ class SpecModel:
             datastore_for(self.drafter_env(tree=False), "load")
 
     def encode(self, prompt: str, *, chat: bool = False) -> np.ndarray:
-        """The prompt's token ids ([t] int64). Refuses a str that is not valid Unicode (lone
-        surrogates, e.g. from bytes decoded with ``errors="surrogateescape"``)."""
-        if not isinstance(prompt, str):
-            raise InvalidRequestError(f"prompt must be a str, got {type(prompt).__name__}")
-        try:
-            prompt.encode("utf-8")
-        except UnicodeEncodeError as e:
-            raise InvalidRequestError(
-                f"prompt is not valid Unicode: lone surrogate U+{ord(prompt[e.start]):04X} at index {e.start} "
-                "(decode input bytes with errors='replace')"
-            ) from None
+        """The prompt's token ids ([t] int64). ``chat``: ``prompt`` as one user turn, wrapped in the
+        prefix and suffix the export rendered from the chat template (no Jinja needed; for system
+        prompts and several turns see :meth:`encode_chat`). Refuses a str that is not valid Unicode
+        (lone surrogates, e.g. from bytes decoded with ``errors="surrogateescape"``)."""
+        _check_text(prompt, "prompt")
         if chat:
             if self.manifest.chat is None:
                 raise InvalidRequestError(f"{self.manifest.name} has no chat template; call without chat=True")
             prompt = self.manifest.chat.prefix + prompt + self.manifest.chat.suffix
         return np.array(self.tokenizer.encode(prompt).ids, np.int64)
+
+    def chat_prompt(self, msgs: Sequence[Message | dict], *, add_generation_prompt: bool = True) -> str:
+        """The prompt text of chat messages (``{"role", "content"}``: system, user, assistant, tool),
+        rendered by the model's own Jinja chat template (:mod:`specrt.chat`; needs jinja2, the
+        ``chat`` extra). InvalidRequestError when the artifact stores no template (exported before
+        templates were kept, or a model without one)."""
+        checked = messages(msgs)
+        for i, m in enumerate(checked):
+            _check_text(m.content, f"messages[{i}].content")
+        return self._renderer().render(checked, add_generation_prompt=add_generation_prompt)
+
+    def encode_chat(self, msgs: Sequence[Message | dict]) -> np.ndarray:
+        """The token ids ([t] int64) of chat messages, ending in the assistant's turn opening: the
+        template's text encoded without the tokenizer's own special tokens, as transformers'
+        ``apply_chat_template(tokenize=True)``. An artifact without a stored template takes a single
+        user message (its export-time prefix and suffix, as ``encode(chat=True)``) and refuses more."""
+        checked = messages(msgs)
+        if self.manifest.chat_template is None and self.manifest.chat is not None and len(checked) == 1 \
+                and checked[0].role == "user":
+            return self.encode(checked[0].content, chat=True)
+        text = self.chat_prompt(checked)
+        return np.array(self.tokenizer.encode(text, add_special_tokens=False).ids, np.int64)
+
+    def _renderer(self) -> ChatRenderer:
+        template = self.manifest.chat_template
+        if template is None:
+            what = ("keeps only a single-user-turn chat prompt (exported before chat templates were stored: "
+                    "export it again for system prompts and several turns)") if self.manifest.chat else \
+                "has no chat template"
+            raise InvalidRequestError(f"{self.manifest.name}/{self.manifest.variant} {what}")
+        with self._lock:
+            if self._chat is None:
+                path = self.folder / template.file
+                self._chat = ChatRenderer(path.read_text(encoding="utf-8"), template.special_tokens, name=str(path))
+            return self._chat
 
     def stream_ids(
         self,
@@ -217,6 +289,9 @@ class SpecModel:
         draft_budget: int = 8,
         prefill_chunk: int = 256,
         backoff: bool | None = None,
+        cancel: CancelToken | None = None,
+        timeout_s: float | None = None,
+        logprobs: int | None = None,
     ) -> tuple[SpeculativeLoop, Iterator[np.ndarray]]:
         """The loop for one request on token ids, and the iterator of its emitted token chunks.
 
@@ -224,8 +299,23 @@ class SpecModel:
         controller over the model-free drafters and a loaded draft model) or a ready Drafter instance. Every
         option is checked here, before any work; the request holds a KV cache until its iterator is
         exhausted, closed or garbage-collected. ``backoff`` (``specrt.backoff``): verify a draft
-        only while drafts pay for their window, else run plain steps; None: see :meth:`_default_backoff`."""
+        only while drafts pay for their window, else run plain steps; None: see :meth:`_default_backoff`.
+
+        ``cancel`` (:class:`specrt.cancel.CancelToken`, from any thread) or ``timeout_s`` (a deadline
+        from now) stop the request before its next prefill pass or verify step, with finish_reason
+        "cancelled" or "timeout"; a token's own deadline: ``CancelToken(timeout_s=...)``.
+
+        ``logprobs`` (k >= 0): the loop records each emitted token's log-probability and its k most
+        likely alternatives (``loop.logprobs``, :class:`specrt.logprobs.TokenLogprob`), from the
+        model's raw logits at that position, as plain decoding computes them."""
         ids = self._check_ids(prompt_ids)
+        if cancel is not None and not isinstance(cancel, CancelToken):
+            raise InvalidRequestError(f"cancel must be a specrt.CancelToken, got {type(cancel).__name__}")
+        if timeout_s is not None:
+            if cancel is not None:
+                raise InvalidRequestError("give either cancel or timeout_s; a token with a deadline is "
+                                          "CancelToken(timeout_s=...)")
+            cancel = CancelToken(timeout_s)
         if isinstance(tree, np.bool_) or not isinstance(tree, bool):
             raise InvalidRequestError(f"tree must be a bool, got {type(tree).__name__} {tree!r}")
         if not isinstance(method, str) and not all(
@@ -246,6 +336,7 @@ class SpecModel:
             prefill_chunk=prefill_chunk,
             seed=seed,
             backoff=self._default_backoff(method, seed, greedy=temperature == 0) if backoff is None else backoff,
+            logprobs=logprobs,
         )
         if method != "baseline" and not isinstance(method, NoDraft) and not self.spec_safety().spec_safe:
             self._warn_unsafe()
@@ -264,7 +355,7 @@ class SpecModel:
             loop = SpeculativeLoop(
                 lease.decoder, drafter, self.manifest.eos_token_ids, config, self.verify_cost, method=label,
                 backoff_from=self.drafter_state.get(backoff_key) if backoff_key else None,
-                prefix_cache=self.prefix_cache, blas=self.blas,
+                prefix_cache=self.prefix_cache, blas=self.blas, cancel=cancel,
             )
         except BaseException:
             lease.release()
@@ -396,7 +487,15 @@ class SpecModel:
 
     def generate(self, prompt: str, *, chat: bool = False, **options: Any) -> GenerationResult:
         """Complete ``prompt``; options as :meth:`stream_ids` (method, tree, temperature, ...)."""
-        prompt_ids = self.encode(prompt, chat=chat)
+        return self.generate_result(self.encode(prompt, chat=chat), **options)
+
+    def chat(self, msgs: Sequence[Message | dict], **options: Any) -> GenerationResult:
+        """The assistant's answer to chat messages (:meth:`encode_chat`); options as :meth:`stream_ids`."""
+        return self.generate_result(self.encode_chat(msgs), **options)
+
+    def generate_result(self, prompt_ids: np.ndarray | list[int], **options: Any) -> GenerationResult:
+        """:meth:`generate` on token ids ([t] int64): the text, ids, finish reason and stats."""
+        prompt_ids = self._check_ids(prompt_ids)
         ids, loop = self.generate_ids(prompt_ids, **options)
         return GenerationResult(
             text=self.tokenizer.decode(ids.tolist(), skip_special_tokens=True),
@@ -406,19 +505,42 @@ class SpecModel:
             method=str(options.get("method", DEFAULT_METHOD)),
             tree=bool(options.get("tree", False)),
             stats=loop.stats.as_dict(),
+            logprobs=tuple(loop.logprobs) if options.get("logprobs") is not None else None,
         )
 
     def stream(self, prompt: str, *, chat: bool = False, **options: Any) -> Iterator[str]:
         """Yield the completion's text as the verifier accepts it."""
-        _, chunks = self.stream_ids(self.encode(prompt, chat=chat), **options)
+        return self._text(self.encode(prompt, chat=chat), options)
+
+    def stream_chat(self, msgs: Sequence[Message | dict], **options: Any) -> Iterator[str]:
+        """Yield the assistant's answer to chat messages as the verifier accepts it."""
+        return self._text(self.encode_chat(msgs), options)
+
+    def _text(self, prompt_ids: np.ndarray, options: dict[str, Any]) -> Iterator[str]:
+        _, chunks = self.stream_ids(prompt_ids, **options)
         text = TextStream(self.tokenizer)
         try:
             for chunk in chunks:
                 piece = text.push(chunk)
                 if piece:
                     yield piece
+            if piece := text.finish():
+                yield piece
         finally:
             chunks.close()  # a stream closed early gives its KV cache back now
+
+
+def _check_text(text: object, name: str) -> None:
+    """InvalidRequestError unless ``text`` is a str of valid Unicode (no lone surrogates)."""
+    if not isinstance(text, str):
+        raise InvalidRequestError(f"{name} must be a str, got {type(text).__name__}")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise InvalidRequestError(
+            f"{name} is not valid Unicode: lone surrogate U+{ord(text[e.start]):04X} at index {e.start} "
+            "(decode input bytes with errors='replace')"
+        ) from None
 
 
 def load(
@@ -435,7 +557,9 @@ def load(
     """Load an artifact folder built by the pipeline (``artifacts/<model>/<variant>``).
 
     Refuses a folder whose files differ from its manifest (sizes always; sha256 unless
-    ``check_hashes=False``). ``draft``: the artifact folder of a draft model for ``sd``, ``hsd`` and
+    ``check_hashes=False``, and only for files changed since a load verified them: a verified
+    stamp in ``~/.cache/specrt``, :mod:`specrt.stamp`, so an unchanged folder is hashed once).
+    ``draft``: the artifact folder of a draft model for ``sd``, ``hsd`` and
     ``hsd_capped``; refused unless its tokenizer maps every id to the same token as the target's.
 
     ``provider``: "cpu", or "cuda" (needs onnxruntime-gpu; see the README, 'CUDA'): the KV caches

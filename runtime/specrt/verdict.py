@@ -24,7 +24,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 import platform
 import time
 from dataclasses import dataclass
@@ -34,6 +33,7 @@ from typing import Any
 import onnxruntime as ort
 
 from . import kernels
+from .cachedir import cache_root, write_json_atomic
 
 log = logging.getLogger(__name__)
 
@@ -105,7 +105,7 @@ class Verdict:
 
 
 def _cache_file(decoder_sha256: str, provider: str) -> Path:
-    root = Path(os.environ.get("SPECRT_CACHE_DIR") or Path.home() / ".cache" / "specrt")
+    root = cache_root()
     key = hashlib.sha256(json.dumps([decoder_sha256, machine(provider)], sort_keys=True).encode()).hexdigest()
     return root / "selfcheck" / f"{key[:32]}.json"
 
@@ -127,10 +127,7 @@ def self_check(decoder: Any, prompts: list[Any], decoder_sha256: str, provider: 
                       chunk=SELF_CHECK["chunk"])
     report = {k: v for k, v in report.items() if k != "modes"} | {"seconds": round(time.perf_counter() - t0, 2)}
     try:
-        cache.parent.mkdir(parents=True, exist_ok=True)
-        tmp = cache.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(report, indent=2) + "\n")
-        tmp.replace(cache)
+        write_json_atomic(cache, report)
     except OSError as e:  # a read-only home: the check runs again next time
         log.info("self-check result not cached (%s)", e)
     return Verdict(bool(report["spec_safe"]), "self-check", here, report)
