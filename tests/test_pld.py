@@ -15,8 +15,8 @@ from specrt.tree import DraftTree
 
 # every implemented method, and nothing else
 REGISTERED = [
-    "adapld", "anpd", "asam", "asam_verify", "asd", "asd_verify", "baseline", "hsd", "hsd_capped", "lookahead", "pld",
-    "pld_plus", "rest", "sam_decoding", "sd", "suffix_decoding", "token_recycling",
+    "adapld", "anpd", "asam", "asam_verify", "asd", "asd_verify", "auto", "baseline", "hsd", "hsd_capped", "lookahead",
+    "pld", "pld_plus", "rest", "sam_decoding", "sd", "suffix_decoding", "token_recycling",
 ]
 
 
