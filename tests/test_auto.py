@@ -14,7 +14,7 @@ from specrt.backend import OrtDecoder
 from specrt.backoff import Backoff
 from specrt.cost import VerifyCostModel
 from specrt.drafters import DrafterEnv, Feedback
-from specrt.drafters.auto import PROBE_EVERY, Auto, AutoConfig, Member, make
+from specrt.drafters.auto import PROBE_EVERY, PROBE_SHARE, Auto, AutoConfig, Member, make
 from specrt.drafters.pld import PromptLookup
 from specrt.drafters.suffix_decoding import SuffixDecoding
 from specrt.errors import InvalidRequestError
@@ -70,10 +70,10 @@ class Traced(Auto):
 
 
 def counts_controller(drafters: dict[str, object], cost: VerifyCostModel | None = None,
-                      token_cost: float = 0.0) -> Traced:
+                      token_cost: float = 0.0, probe_share: float = PROBE_SHARE) -> Traced:
     cost = cost if cost is not None else VerifyCostModel()  # nothing measured: c(s) = 1 + 0.15 (s - 1)
     members = [Member(name, d, Backoff(cost), token_cost) for name, d in drafters.items()]
-    return Traced(members, cost, AutoConfig(timed=False))
+    return Traced(members, cost, AutoConfig(timed=False, probe_share=probe_share))
 
 
 def costs(seconds_by_size: dict[int, float]) -> VerifyCostModel:
@@ -129,14 +129,24 @@ def test_a_draft_whose_window_costs_more_than_its_gain_is_never_verified():
 
 def test_a_member_whose_drafting_costs_more_than_its_gain_is_asked_only_to_probe():
     # windows are cheap (the default slope), but each drafted token costs a whole single step to draft
-    # (a slow draft model): k accepted tokens never pay for 1 + 0.15 k + k steps, so the member is
-    # not asked to propose but once every PROBE_EVERY steps. A probe's drafting is spent when the
+    # (a slow draft model): k <= 2 accepted tokens never pay for 1 + 0.15 k + 2 steps (a 2-token
+    # proposal), so the member is asked to propose only as a probe: with a probe share of 0.1, a
+    # probe costing 2 steps once every 2 / 0.1 = 20 steps, the first once 20 steps would pay for it
+    # (steps 20, 40, 60), and near the end, where one token is left to draft, a 1-token probe after
+    # 10 (step 74 of 74), the last draft verified in full. A probe's drafting is spent when the
     # choice is made (a plain step pays it too): its draft is verified when its window alone pays.
-    auto = counts_controller({"slow": Knows(OUTPUT, 0, 80)}, token_cost=1.0)
-    result = simulate(auto, PROMPT, OUTPUT, budget=8)
-    probes = [done for done, _ in auto.trace][::PROBE_EVERY]
-    assert auto.members[0].proposed == len(probes) == math.ceil(len(auto.trace) / PROBE_EVERY)
-    assert {done for done, choice in auto.trace if choice == "slow"} <= set(probes)
+    asked: list[int] = []
+
+    class Slow(Knows):
+        def propose(self, context, budget):
+            asked.append(auto.step)
+            return super().propose(context, budget)
+
+    auto = counts_controller({"slow": Slow(OUTPUT, 0, 80)}, token_cost=1.0, probe_share=0.1)
+    result = simulate(auto, PROMPT, OUTPUT, budget=2)
+    assert asked == [20, 40, 60, 74] and auto.step == 74
+    steps_chosen = [step for step, (_, choice) in enumerate(auto.trace, 1) if choice == "slow"]
+    assert set(steps_chosen) <= set(asked) and steps_chosen
     assert 0 < result.accepted == result.drafted
 
 
@@ -166,6 +176,8 @@ def test_a_member_that_was_not_chosen_still_observes_every_step():
 def test_config_is_checked():
     with pytest.raises(InvalidRequestError, match="probe_every"):
         AutoConfig(probe_every=0)
+    with pytest.raises(InvalidRequestError, match="probe_share"):
+        AutoConfig(probe_share=0.0)
     with pytest.raises(InvalidRequestError, match="draft_token_cost"):
         AutoConfig(draft_token_cost=-1.0)
     member = Member("pld", PromptLookup(), Backoff(VerifyCostModel()))
@@ -252,6 +264,17 @@ def test_auto_with_a_draft_model_is_bit_exact_with_baseline(pair, tree):
         ids, loop = model.generate_ids(model.encode(prompt), method="auto", tree=tree, max_new_tokens=40)
         assert tuple(ids.tolist()) == base.token_ids, prompt
         assert [m.name for m in loop.drafter.members] == ["pld", "suffix_decoding", "sd"]
+    # a controller whose estimate expects matches verifies the draft model's drafts from the first step
+    chosen: Counter = Counter()
+    for prompt in PROMPTS:
+        base = model.generate(prompt, method="baseline", max_new_tokens=40)
+        cost = VerifyCostModel()
+        sd = pair.drafter("sd", tree=tree, gamma=3)
+        controller = Auto([Member("sd", sd, warm(cost), 0.25)], cost, AutoConfig(timed=False))
+        ids, _ = model.generate_ids(model.encode(prompt), method=controller, tree=tree, max_new_tokens=40)
+        assert tuple(ids.tolist()) == base.token_ids, prompt
+        chosen.update(controller.choices())
+    assert chosen["sd"] > 0, chosen
 
 
 def warm(cost: VerifyCostModel) -> Backoff:

@@ -5,8 +5,10 @@ datastore is loaded, ``sd`` when a draft model is loaded). Each keeps a back-off
 acceptance (:class:`specrt.backoff.Backoff`: P(m >= d), scored in hindsight against the tokens the
 request emitted, whether or not its proposal was verified). A step:
 
-    asked   = members whose best chain would pay for its window and its drafting cost,
-              or whose probe is due (PROBE_EVERY steps since it last proposed)
+    asked   = the member whose best chain promises most, if it pays for its window and its
+              drafting cost, and the members whose probe is due (PROBE_EVERY steps since it
+              last proposed, more for a member whose proposal costs more than PROBE_SHARE of
+              those steps)
     D       = the asked members' drafting cost this step, in single steps (c(1) = 1)
     choose  = argmax over asked members m and depths k of  (1 + E_m[min(a, k)]) / (c(n_k + 1) / c(1) + D)
               against a plain step's 1 / (1 + D); ties go to the member listed first
@@ -27,10 +29,16 @@ Output never depends on the controller: it only picks which tokens are verified,
 step is exact (greedy) or keeps the target's law (sampling: deterministic drafts by
 ``walk_sampling``, a draft model's sampled chain by recursive rejection sampling on its q rows).
 
-Probe bound: a member that does not pay proposes, unverified, once every ``probe_every`` steps (its
-drafting cost only); its proposals are verified only once the estimate says they pay. With every
-member useless (no proposal ever matches the next token) no draft is verified: every step is a
-plain step, and each member proposes on at most ceil(steps / probe_every) of them.
+Probe bound: a member that does not pay proposes, unverified, once every
+max(``probe_every``, D_m / ``probe_share``) steps, where D_m is what one of its proposals costs
+(a full-budget draft; measured, or counted in seeded mode and before its first proposal), so
+probing spends at most ``probe_share`` of the steps on drafting: a draft model whose 8-token draft
+costs 2 target steps probes every 67 steps, a copy drafter every 4. A member's first probe comes
+at step (D_m + catch-up) / ``probe_share``, the catch-up being a draft model's prefill of the
+context so far (at once for a member that drafts for free). Its proposals are
+verified only once the estimate says they pay. With every member useless (no proposal ever
+matches the next token) no draft is verified: every step is a plain step, and each member
+proposes on at most ceil(steps / probe_every) of them.
 """
 
 from __future__ import annotations
@@ -49,8 +57,13 @@ from ..errors import InvalidRequestError
 from ..tree import DraftTree
 from .base import Drafter, DrafterEnv, Feedback
 
-PROBE_EVERY = 4  # steps between the proposals of a member that does not pay
+PROBE_EVERY = 4  # steps between the proposals of a member that does not pay, at least
+PROBE_SHARE = 0.03  # the share of the steps since its last proposal that a probe may cost, at most
 DRAFT_TOKEN_COST = 0.25  # counts mode: one draft-model token, in target single steps
+# a draft model's prefill of one context token it has not seen, in target single steps: a prior
+# (a batched pass, a fraction of a drafted token) for its first probe, which catches the whole
+# context up; measured propose times replace it after that
+DRAFT_CATCH_UP_COST = 0.05
 MEMBER_STATE_KEY = "auto/members"  # env.state key of the members' own state (apart from the methods')
 ESTIMATE_STATE_KEY = "auto/estimates"  # env.state key of the members' acceptance estimates, by mode
 
@@ -58,12 +71,15 @@ ESTIMATE_STATE_KEY = "auto/estimates"  # env.state key of the members' acceptanc
 @dataclass(frozen=True)
 class AutoConfig:
     probe_every: int = PROBE_EVERY
+    probe_share: float = PROBE_SHARE
     timed: bool = True  # drafting costs from measured propose times; False: from counts (seeded sampling)
     draft_token_cost: float = DRAFT_TOKEN_COST  # counts mode, for members with ``token_cost`` None
 
     def __post_init__(self) -> None:
         if not isinstance(self.probe_every, int) or self.probe_every < 1:
             raise InvalidRequestError(f"probe_every must be an int >= 1, got {self.probe_every!r}")
+        if not 0.0 < self.probe_share <= 1.0:
+            raise InvalidRequestError(f"probe_share must be in (0, 1], got {self.probe_share!r}")
         if not self.draft_token_cost >= 0.0:
             raise InvalidRequestError(f"draft_token_cost must be >= 0, got {self.draft_token_cost!r}")
 
@@ -78,11 +94,13 @@ class MeasuredCost:
 class Member:
     """One drafter under the controller, with its acceptance estimate and its drafting cost."""
 
-    def __init__(self, name: str, drafter: Drafter, estimate: Backoff, token_cost: float = 0.0):
+    def __init__(self, name: str, drafter: Drafter, estimate: Backoff, token_cost: float = 0.0,
+                 catch_up_cost: float = 0.0):
         self.name = name
         self.drafter = drafter
         self.estimate = estimate
         self.token_cost = token_cost  # counts mode: single steps per drafted token (0: model-free)
+        self.catch_up_cost = catch_up_cost  # single steps per context token before its first proposal
         self.propose_s: float | None = None  # running mean of one propose call, seconds
         self.last_asked: int | None = None  # step of its last proposal
         self.proposed = 0  # proposals made (probes included)
@@ -117,15 +135,28 @@ class Auto:
             return member.propose_s / one
         return member.token_cost * drafted
 
+    def promise(self, member: Member, budget: int) -> float:
+        """The best rate (1 + E[accepted, cut at k]) / (c(k + 1) + drafting) that a chain of depth
+        k <= ``budget`` from ``member`` is expected to reach, in tokens per single step (a plain
+        step: 1.0; 0.0 when no depth is possible)."""
+        estimate = member.estimate
+        best = 0.0
+        for k in range(1, min(budget, len(estimate.reach) - 1) + 1):
+            gain = 1.0 + estimate.expected_accepted(k)
+            best = max(best, gain / (estimate.cost_ratio(k + 1) + self.drafting_cost(member, k)))
+        return best
+
     def pays(self, member: Member, budget: int) -> bool:
         """Whether some chain of depth k <= ``budget`` from ``member`` is expected to beat a plain step,
         its drafting cost included."""
-        estimate = member.estimate
-        for k in range(1, min(budget, len(estimate.reach) - 1) + 1):
-            gain = 1.0 + estimate.expected_accepted(k)
-            if gain > estimate.cost_ratio(k + 1) + self.drafting_cost(member, k):
-                return True
-        return False
+        return self.promise(member, budget) > 1.0
+
+    def probe_due(self, member: Member, budget: int, context_len: int) -> bool:
+        """Whether ``member`` proposes this step as a probe (whether or not it pays)."""
+        share = self.config.probe_share
+        if member.last_asked is None:  # its first probe once the steps so far would pay for it, catch-up included
+            return self.step >= (self.drafting_cost(member, budget) + member.catch_up_cost * context_len) / share
+        return self.step - member.last_asked >= max(self.config.probe_every, self.drafting_cost(member, budget) / share)
 
     # -- the drafter protocol
 
@@ -140,9 +171,12 @@ class Auto:
         self.last_choice = None
         offers: list[tuple[Member, DraftTree]] = []
         drafting = 0.0  # single steps spent on this step's proposals
-        for member in self.members:
-            due = member.last_asked is None or self.step - member.last_asked >= self.config.probe_every
-            if not (due or self.pays(member, budget)):
+        # the member that promises most, if it pays, and the members whose probe is due; the others
+        # would only spend their drafting cost on a draft that is not expected to win
+        promises = [self.promise(member, budget) for member in self.members]
+        leader = max(range(len(self.members)), key=lambda i: promises[i])  # ties: the first listed
+        for i, member in enumerate(self.members):
+            if not ((i == leader and promises[i] > 1.0) or self.probe_due(member, budget, len(context))):
                 continue
             t0 = time.perf_counter()
             tree = member.drafter.propose(context, budget)
@@ -211,10 +245,10 @@ def make(env: DrafterEnv) -> Auto:
         if name == "sd":  # a fixed chain: the controller cuts it, so the drafter's own adaptive gamma is off
             assert env.draft_decoder is not None
             drafter: Drafter = DraftModelDrafter(env.draft_decoder(), member_env, acceptance="sd")
-            token_cost = config.draft_token_cost
+            token_cost, catch_up_cost = config.draft_token_cost, DRAFT_CATCH_UP_COST
         else:
-            drafter, token_cost = METHODS[name](member_env), 0.0
+            drafter, token_cost, catch_up_cost = METHODS[name](member_env), 0.0, 0.0
         estimate = kept[name].carried_over() if name in kept else Backoff(cost)
         kept[name] = estimate  # the next request of this model starts from it (timed mode)
-        members.append(Member(name, drafter, estimate, token_cost))
+        members.append(Member(name, drafter, estimate, token_cost, catch_up_cost))
     return Auto(members, cost, config)
