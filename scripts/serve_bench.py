@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import http.client
 import json
-import socket
 import statistics
 import sys
 import threading
@@ -50,30 +49,13 @@ class Row:
     aggregate_tokens_per_s: float  # every request's tokens over the wall time of the run
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def start_server(model: specrt.SpecModel, max_concurrent: int):
+    """The server on ``model`` in a thread of this process (a ``specrt.serve.LocalServer``)."""
+    from specrt.serve import ServeConfig, Speculation, build_app, serve_in_thread
 
-
-def start_server(model: specrt.SpecModel, max_concurrent: int) -> tuple[int, object, threading.Thread]:
-    import uvicorn
-
-    from specrt.serve import ServeConfig, Speculation, build_app
-
-    port = _free_port()
     config = ServeConfig(model_id=model.manifest.name, max_concurrent=max_concurrent,
                          speculation=Speculation(DEFAULT_METHOD, tree=False, draft_budget=8))
-    server = uvicorn.Server(uvicorn.Config(build_app(model, config), host="127.0.0.1", port=port,
-                                           log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 60
-    while not server.started:
-        if not thread.is_alive() or time.monotonic() > deadline:
-            raise RuntimeError("the server did not start")
-        time.sleep(0.02)
-    return port, server, thread
+    return serve_in_thread(build_app(model, config))
 
 
 def one_request(port: int, prompt: str, method: str, tree: bool, max_tokens: int) -> tuple[float, float, tuple]:
@@ -158,7 +140,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--methods must start with baseline (the reference answers)")
     prompts = [q.turns[0] for q in read_questions(args.prompts)]
     model = specrt.load(args.model, threads=args.threads)  # no prefix cache: every request prefills
-    port, server, thread = start_server(model, max_concurrent=max(clients))
+    local = start_server(model, max_concurrent=max(clients))
+    port = local.port
     rows, same = [], True
     reference: dict[int, tuple] = {}
     try:
@@ -172,8 +155,7 @@ def main(argv: list[str] | None = None) -> int:
                       f"{row.median_decode_tokens_per_s:.1f} tok/s per request, {row.aggregate_tokens_per_s:.1f} "
                       f"tok/s in all ({row.requests} requests)", flush=True)
     finally:
-        server.should_exit = True
-        thread.join(timeout=60)
+        local.stop(timeout_s=60)
     print(f"answers equal to baseline: {same}")
     if args.json:
         args.json.write_text(json.dumps([asdict(r) for r in rows], indent=2) + "\n")

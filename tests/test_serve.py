@@ -24,7 +24,7 @@ uvicorn = pytest.importorskip("uvicorn", reason="the serve extra is not installe
 openai = pytest.importorskip("openai", reason="the openai client (dev extra) is not installed")
 
 import specrt  # noqa: E402
-from specrt.serve import ServeConfig, Speculation, build_app  # noqa: E402
+from specrt.serve import ServeConfig, Speculation, build_app, serve_in_thread  # noqa: E402
 from specrt.serve.stops import StopCutter  # noqa: E402
 from tests.tiny import with_chat  # noqa: E402
 
@@ -49,22 +49,11 @@ def model(folder):
 
 def _serve(model, max_concurrent: int) -> Iterator[int]:
     """Run the app on a free loopback port in a thread; yield the port."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     config = ServeConfig(model_id="tiny-qwen2", speculation=Speculation("pld", tree=False, draft_budget=8),
                          max_concurrent=max_concurrent)
-    server = uvicorn.Server(uvicorn.Config(build_app(model, config), host="127.0.0.1", port=port,
-                                           log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        assert thread.is_alive() and time.monotonic() < deadline, "the server did not start"
-        time.sleep(0.02)
-    yield port
-    server.should_exit = True
-    thread.join(timeout=30)
+    local = serve_in_thread(build_app(model, config), timeout_s=30)
+    yield local.port
+    local.stop()
 
 
 @pytest.fixture(scope="module")

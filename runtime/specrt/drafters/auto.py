@@ -146,11 +146,6 @@ class Auto:
             best = max(best, gain / (estimate.cost_ratio(k + 1) + self.drafting_cost(member, k)))
         return best
 
-    def pays(self, member: Member, budget: int) -> bool:
-        """Whether some chain of depth k <= ``budget`` from ``member`` is expected to beat a plain step,
-        its drafting cost included."""
-        return self.promise(member, budget) > 1.0
-
     def probe_due(self, member: Member, budget: int, context_len: int) -> bool:
         """Whether ``member`` proposes this step as a probe (whether or not it pays)."""
         share = self.config.probe_share

@@ -5,10 +5,11 @@ starlette + uvicorn; the rest of specrt never imports them).
 
 Modules: :mod:`.requests` checks request bodies, :mod:`.generation` runs one request step by
 step, :mod:`.stops` cuts stop strings, :mod:`.app` is the ASGI app, :mod:`.errors` OpenAI's error
-shape.
+shape, :mod:`.local` runs the app in a background thread.
 """
 
 from .app import ServeConfig, build_app
+from .local import LocalServer, serve_in_thread
 from .requests import Speculation
 
-__all__ = ["ServeConfig", "Speculation", "build_app"]
+__all__ = ["LocalServer", "ServeConfig", "Speculation", "build_app", "serve_in_thread"]
