@@ -30,7 +30,7 @@ def q4_graph(k: int, n: int, packed: np.ndarray, scales: np.ndarray, *, as_input
     inputs, inits = [x], []
     if as_inputs:
         inputs += [helper.make_tensor_value_info("packed", TensorProto.UINT8, ["t", "b", "c"]),
-                   helper.make_tensor_value_info("scales", TensorProto.FLOAT, ["t", "b", "l"])]
+                   helper.make_tensor_value_info("scales", TensorProto.FLOAT16, ["t", "b", "l"])]
     else:
         inits = [numpy_helper.from_array(packed, "packed"), numpy_helper.from_array(scales, "scales")]
     model = helper.make_model(helper.make_graph([node], "matmul_q4", inputs, [y], inits), ir_version=10,
@@ -63,7 +63,7 @@ def test_quantize_q4_maps_each_blocks_extreme_to_minus_8():
     column = np.array([0.5, -1.0, 0.25, 0.875, 0.0, -0.125] + [0.0] * 26, np.float32)
     weight = np.stack([column, -column, np.zeros(32, np.float32)], axis=1)  # [32, 3]
     codes, scales = quantize_q4(weight)
-    assert scales.tolist() == [[0.125, -0.125, 0.0]]
+    assert scales.dtype == np.float16 and scales.tolist() == [[0.125, -0.125, 0.0]]
     assert codes[:6, 0].tolist() == [4, -8, 2, 7, 0, -1]
     assert codes[:6, 1].tolist() == [4, -8, 2, 7, 0, -1]  # the negated column: its extreme is +1 -> scale -1/8
     assert not codes[:, 2].any()
@@ -79,7 +79,7 @@ def test_quantize_q4_rounds_halves_up_as_onnxruntime_does():
 def test_pack_puts_four_k_of_a_column_in_one_lane_low_then_high_nibbles():
     codes = np.zeros((32, 16), np.int8)
     codes[0, 0], codes[4, 0], codes[1, 3], codes[8, 15], codes[31, 2] = 1, -1, 7, -8, 3
-    packed, scales = pack_q4(codes, np.ones((1, 16), np.float32))
+    packed, scales = pack_q4(codes, np.ones((1, 16), np.float16))
     assert packed.shape == (1, 1, 256) and scales.shape == (1, 1, 16)
     group = packed[0, 0].reshape(4, 16, 4)  # [g, column, i]
     assert group[0, 0, 0] == (1 + 8) | ((-1 + 8) << 4)  # k 0 low, k 4 high
@@ -87,6 +87,32 @@ def test_pack_puts_four_k_of_a_column_in_one_lane_low_then_high_nibbles():
     assert group[1, 15, 0] == (-8 + 8) | (8 << 4)  # k 8 = group 1
     assert group[3, 2, 3] == 8 | ((3 + 8) << 4)  # k 31 = 8 * 3 + 4 + 3: high nibble
     assert np.count_nonzero(packed != 0x88) == 4
+
+
+def test_codes_are_computed_with_the_float16_scale():
+    # extreme 1.01: scale -0.12625 in float32, -0.1262207 (0xB00A) in float16; w = -0.441874 is code 3.5008
+    # against the float16 scale (-> 4) and 3.49999 against the float32 one (-> 3): the codes follow the
+    # scale the kernel multiplies by
+    column = np.zeros(32, np.float32)
+    column[0], column[1] = 1.01, -0.441874
+    codes, scales = quantize_q4(column[:, None])
+    assert scales.view(np.uint16)[0, 0] == 0xB00A
+    assert codes[:2, 0].tolist() == [-8, 4]
+
+
+def test_tiny_blocks_quantize_to_zero_and_huge_ones_are_refused():
+    weight = np.zeros((64, 2), np.float32)
+    weight[:32, 0] = 1e-8  # scale 1.25e-9: below float16's smallest subnormal
+    weight[32:, 0] = 1e-4  # scale 1.25e-5: a float16 subnormal, kept
+    weight[:, 1] = 0.5
+    codes, scales = quantize_q4(weight)
+    assert scales[0, 0] == 0 and not codes[:32, 0].any()
+    assert scales[1, 0] != 0 and (codes[32:, 0] == -8).all()
+    weight[0, 1] = 1e6
+    with pytest.raises(ValueError, match=r"largest weight magnitude is 1e\+06; float16 scales hold at most 524032"):
+        quantize_q4(weight)
+    with pytest.raises(ValueError, match="pack_q4: scales are float32, expected float16"):
+        pack_q4(codes, scales.astype(np.float32))
 
 
 @given(k_blocks=st.integers(1, 6), n=st.integers(1, 70), seed=st.integers(0, 2**16))
@@ -130,12 +156,15 @@ def test_a_row_gets_the_same_bits_in_any_number_of_rows_and_threads(k_blocks, n,
         assert np.array_equal(single.run(None, {"x": x[r : r + 1]})[0][0], many[r]), r
 
 
-@pytest.mark.parametrize("k, n, rows", [(64, 48, 7), (896, 4864 // 8, 9)])
-def test_every_instruction_set_gives_the_same_bits(monkeypatch, k, n, rows):
+@pytest.mark.parametrize("k, n, rows, size", [(64, 48, 7, 1.0), (896, 4864 // 8, 9, 1.0),
+                                             (64, 48, 5, 1e-4)])  # 1e-4: float16 subnormal scales
+def test_every_instruction_set_gives_the_same_bits(monkeypatch, k, n, rows, size):
     available = isas()
     assert "scalar" in available
     rng = np.random.default_rng(k)
-    weight = rng.standard_normal((k, n)).astype(np.float32)
+    weight = (rng.standard_normal((k, n)) * size).astype(np.float32)
+    if size < 1:
+        assert (np.abs(quantize_q4(weight)[1]) < np.finfo(np.float16).tiny).any()
     x = rng.standard_normal((rows, k)).astype(np.float32)
     results = {}
     for isa in available:
@@ -188,3 +217,15 @@ def test_quantize_q4_refuses_a_k_that_is_not_whole_blocks():
     with pytest.raises(ValueError, match=r"weight of shape \(48, 8\): expected \[K, N\] with K a positive "
                                          r"multiple of 32"):
         quantize_q4(np.zeros((48, 8), np.float32))
+
+
+def test_a_graph_with_float32_scales_is_refused_with_the_fix(tmp_path):
+    from specrt.backend import make_session
+
+    packed, scales = pack_q4(*quantize_q4(np.ones((64, 40), np.float32)))
+    path = tmp_path / "decoder.onnx"
+    path.write_bytes(q4_graph(64, 40, packed, scales.astype(np.float32)))
+    with pytest.raises(kernels.KernelLibraryError, match=r"decoder.onnx: its MatMulQ4 nodes carry float32 scales, "
+                                                         r"which this kernel library reads as float16 .* quantize "
+                                                         r"the artifact again"):
+        make_session(path, "cpu", 1)

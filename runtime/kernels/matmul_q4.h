@@ -2,12 +2,14 @@
 // whatever the number of rows, the thread split and the instruction set.
 //
 //   x [M, K] float ──quantize_rows──► xq [M, K] int8, dx [M, K/32] float, offset [M, K/32] int32
-//   W [K, N] ──(pipeline/q4_pack.py)──► packed [N/16 tiles, K/32 blocks, 256] uint8, scales [N/16, K/32, 16] float
+//   W [K, N] ──(pipeline/q4_pack.py)──► packed [N/16 tiles, K/32 blocks, 256] uint8, scales [N/16, K/32, 16] float16
 //
 // Activations, per row and block of 32 (each an IEEE operation, so every ISA agrees):
 //   amax = max |x|,  dx = amax / 127,  xq = nearbyint(x * (127 / amax)) (0 when amax is 0),
 //   offset = 8 * sum(xq)
-// Weights: w = (nibble - 8) * scale, nibble in 0..15, one scale per column and block.
+// Weights: w = (nibble - 8) * scale, nibble in 0..15, one scale per column and block, stored as IEEE
+// binary16 (2 bytes: a step streams 10% fewer bytes than with float32 scales); `scale` below is its
+// float32 value, which the conversion gives exactly (every binary16 is a binary32), on every ISA.
 // Output, per row r and column n, blocks b in order from acc = 0:
 //   dot_b = sum over the block of nibble * xq  -  offset[r, b]          (int32: exact in any order)
 //   acc   = fma(float(dot_b), scale[n, b] * dx[r, b], acc)
@@ -36,7 +38,7 @@ struct QuantizedRows {
 struct Q4Weights {
   int64_t k = 0, n = 0;           // K a multiple of 32; N any (tiles = ceil(N / 16), the last zero-padded)
   const uint8_t* packed = nullptr;  // [tiles, K / 32, 256]
-  const float* scales = nullptr;    // [tiles, K / 32, 16]
+  const uint16_t* scales = nullptr;  // [tiles, K / 32, 16] binary16 bits
 };
 
 // Rows [row_begin, row_end) of x [M, K] into `rows`.

@@ -1,4 +1,4 @@
-// MatMulQ4 for AVX2 + FMA: the scalar definition's bits (matmul_q4.h), 8 columns per register.
+// MatMulQ4 for AVX2 + FMA + F16C: the scalar definition's bits (matmul_q4.h), 8 columns per register.
 // Rows go through a half tile 4 at a time, sharing each block's weight load and unpack, so extra
 // rows of a window cost their multiply-adds and little else.
 #include <cmath>
@@ -9,7 +9,7 @@
 
 #include "matmul_q4.h"
 
-#pragma GCC target("avx2,fma")  // after the headers: only the code below is built for it
+#pragma GCC target("avx2,fma,f16c")  // after the headers: only the code below is built for it
 
 namespace specrt::avx2 {
 namespace {
@@ -76,7 +76,7 @@ __attribute__((noinline)) void half_tile(const Q4Weights& w, const QuantizedRows
   const __m256i nibble = _mm256_set1_epi8(0x0F);
   const __m256i ones = _mm256_set1_epi16(1);
   const uint8_t* packed = w.packed + t * blocks * kQ4TileBytes + 32 * half;
-  const float* scales = w.scales + t * blocks * kQ4Tile + 8 * half;
+  const uint16_t* scales = w.scales + t * blocks * kQ4Tile + 8 * half;
   __m256 acc[R];
   for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
   for (int64_t b = 0; b < blocks; ++b) {
@@ -94,7 +94,7 @@ __attribute__((noinline)) void half_tile(const Q4Weights& w, const QuantizedRows
         asm("" : "+x"(sums[r]));
       }
     }
-    const __m256 scale = _mm256_loadu_ps(scales + b * kQ4Tile);
+    const __m256 scale = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(scales + b * kQ4Tile)));
     for (int r = 0; r < R; ++r) {
       const int64_t at = (r0 + r) * blocks + b;
       const __m256i dot = _mm256_sub_epi32(_mm256_madd_epi16(sums[r], ones), _mm256_set1_epi32(rows.offset[at]));

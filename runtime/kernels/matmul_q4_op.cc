@@ -3,7 +3,7 @@
 //
 //   x [..., K] float ─┐
 //   packed [ceil(N/16), K/32, 256] uint8 ─┼─► y [..., N] float        attributes K, N
-//   scales [ceil(N/16), K/32, 16] float ──┘
+//   scales [ceil(N/16), K/32, 16] float16 ┘
 //
 // Exact by construction: a row's output is computed by the same code in the same order whatever
 // the number of rows beside it, the split of tiles over onnxruntime's threads and the instruction
@@ -55,7 +55,7 @@ struct MatMulQ4Kernel {
     if (OrtStatus* status = read_input(context, 0, kOpName, "x", ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT, &x)) return status;
     if (OrtStatus* status = read_input(context, 1, kOpName, "packed", ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8, &packed))
       return status;
-    if (OrtStatus* status = read_input(context, 2, kOpName, "scales", ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT, &scales))
+    if (OrtStatus* status = read_input(context, 2, kOpName, "scales", ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16, &scales))
       return status;
     if (x.shape.empty() || x.shape.back() != k)
       return fail("x has shape " + shape_text(x.shape) + ", expected [..., K] with K=" + std::to_string(k));
@@ -86,7 +86,7 @@ struct MatMulQ4Kernel {
                                                                    &quantize)) {
       return status;
     }
-    const Q4Weights w{k, n, static_cast<const uint8_t*>(packed.data), static_cast<const float*>(scales.data)};
+    const Q4Weights w{k, n, static_cast<const uint8_t*>(packed.data), static_cast<const uint16_t*>(scales.data)};
     Tiles work{&w, &rows, m, y, isa->matmul_q4};
     return api().KernelContext_ParallelFor(context, run_tile, static_cast<size_t>(tiles), 0, &work);
   }
@@ -105,7 +105,8 @@ struct MatMulQ4Op : Ort::CustomOpBase<MatMulQ4Op, MatMulQ4Kernel, true> {
   const char* GetName() const { return kOpName; }
   size_t GetInputTypeCount() const { return 3; }
   ONNXTensorElementDataType GetInputType(size_t index) const {
-    return index == 1 ? ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8 : ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
+    return index == 0 ? ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT
+           : index == 1 ? ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8 : ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16;
   }
   size_t GetOutputTypeCount() const { return 1; }
   ONNXTensorElementDataType GetOutputType(size_t) const { return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT; }

@@ -5,6 +5,23 @@
 #include "matmul_q4.h"
 
 namespace specrt::scalar {
+namespace {
+
+// IEEE binary16 bits -> the float32 of the same value (exact: binary32 holds every binary16)
+float half_to_float(uint16_t h) {
+  const int sign = h >> 15, exponent = (h >> 10) & 0x1F, mantissa = h & 0x3FF;
+  float magnitude;
+  if (exponent == 0) {
+    magnitude = std::ldexp(static_cast<float>(mantissa), -24);  // zero and subnormals: mantissa * 2^-24
+  } else if (exponent == 31) {
+    magnitude = mantissa ? std::nanf("") : INFINITY;
+  } else {
+    magnitude = std::ldexp(static_cast<float>(mantissa | 0x400), exponent - 25);  // 1.m * 2^(e - 15)
+  }
+  return sign ? -magnitude : magnitude;
+}
+
+}  // namespace
 
 void quantize_rows(const float* x, int64_t k, int64_t row_begin, int64_t row_end, const QuantizedRows& rows) {
   const int64_t blocks = k / kQ4Block;
@@ -41,7 +58,7 @@ void matmul_q4(const Q4Weights& w, const QuantizedRows& rows, int64_t m, int64_t
       float acc[kQ4Tile] = {};
       for (int64_t b = 0; b < blocks; ++b) {
         const uint8_t* wb = w.packed + (t * blocks + b) * kQ4TileBytes;
-        const float* scale = w.scales + (t * blocks + b) * kQ4Tile;
+        const uint16_t* scale = w.scales + (t * blocks + b) * kQ4Tile;
         const int8_t* a = rows.xq + r * w.k + b * kQ4Block;
         const float dx = rows.dx[r * blocks + b];
         for (int64_t c = 0; c < kQ4Tile; ++c) {
@@ -52,7 +69,7 @@ void matmul_q4(const Q4Weights& w, const QuantizedRows& rows, int64_t m, int64_t
               dot += (byte & 15) * a[8 * g + i] + (byte >> 4) * a[8 * g + 4 + i];
             }
           dot -= rows.offset[r * blocks + b];
-          acc[c] = std::fma(static_cast<float>(dot), scale[c] * dx, acc[c]);
+          acc[c] = std::fma(static_cast<float>(dot), half_to_float(scale[c]) * dx, acc[c]);
         }
       }
       for (int64_t c = 0; c < columns; ++c) y[r * w.n + t * kQ4Tile + c] = acc[c];

@@ -15,7 +15,8 @@ bool cpu_has(const char* isa) {
   if (std::strcmp(isa, "avx512vnni") == 0) return cpu_has("avx512") && __builtin_cpu_supports("avx512vnni");
   if (std::strcmp(isa, "avx512") == 0)
     return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("fma");
-  if (std::strcmp(isa, "avx2") == 0) return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  if (std::strcmp(isa, "avx2") == 0)
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
 #endif
   return std::strcmp(isa, "scalar") == 0;
 }

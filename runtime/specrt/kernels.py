@@ -111,6 +111,10 @@ def explain_load_error(path: Path, error: Exception) -> str | None:
     text = str(error)
     if DOMAIN not in text and not any(op in text for op in (ATTENTION_OP, SWIGLU_OP, MATMUL_Q4_OP)):
         return None
+    if MATMUL_Q4_OP in text and "tensor(float)" in text and "scales" in text:
+        return (f"{path}: its {MATMUL_Q4_OP} nodes carry float32 scales, which this kernel library reads as float16 "
+                "(half the scale bytes a step streams); quantize the artifact again with this version's pipeline "
+                "(`dvc repro`, or `python -m pipeline.quantize --variant int4 ...`)")
     try:
         require()
     except KernelLibraryError as e:

@@ -31,7 +31,10 @@ int check_matmul_q4() {
         const int64_t tiles = (n + kQ4Tile - 1) / kQ4Tile, blocks = k / kQ4Block;
         std::vector<uint8_t> packed(static_cast<size_t>(tiles * blocks * kQ4TileBytes));
         for (uint8_t& b : packed) b = static_cast<uint8_t>(byte(gen));
-        std::vector<float> scales = normal(static_cast<size_t>(tiles * blocks * kQ4Tile), 0.01f);
+        // binary16 scales: random sign and exponent (subnormals and the largest finite included), random mantissa
+        std::uniform_int_distribution<int> bits(0, 0x7BFF);
+        std::vector<uint16_t> scales(static_cast<size_t>(tiles * blocks * kQ4Tile));
+        for (uint16_t& h : scales) h = static_cast<uint16_t>(bits(gen) | (byte(gen) & 0x80) << 8);
         std::vector<float> x = normal(static_cast<size_t>(m * k), 3.0f);
         if (m > 1) std::memset(x.data() + k, 0, kQ4Block * sizeof(float));  // an all-zero block
         const Q4Weights w{k, n, packed.data(), scales.data()};
