@@ -171,7 +171,7 @@ def _specrt_q4(model: onnx.ModelProto, exclude: list[str]) -> None:
     for node in graph.node:
         for name in node.input:
             users[name] = users.get(name, 0) + 1
-    for index, node in enumerate(list(graph.node)):
+    for node in list(graph.node):
         weight = inits.get(node.input[1]) if node.op_type == "MatMul" and node.name not in exclude else None
         if weight is None or len(weight.dims) != 2 or weight.dims[0] % BLOCK:
             continue
@@ -180,8 +180,15 @@ def _specrt_q4(model: onnx.ModelProto, exclude: list[str]) -> None:
         stem = node.input[1]
         graph.initializer.extend([numpy_helper.from_array(packed, f"{stem}.q4"),
                                   numpy_helper.from_array(scales, f"{stem}.q4_scales")])
-        replacement = onnx.helper.make_node(kernels.MATMUL_Q4_OP, [node.input[0], f"{stem}.q4", f"{stem}.q4_scales"],
-                                            list(node.output), name=node.name, domain=kernels.DOMAIN, K=k, N=n)
+        inputs, outputs = [node.input[0], f"{stem}.q4", f"{stem}.q4_scales"], list(node.output)
+        add = _bias_add(graph, inits, node.output[0], n)
+        if add is not None:  # y = x W + b in one node: the same float addition, after each output's chain
+            bias_name = next(name for name in add.input if name != node.output[0])
+            inputs, outputs = inputs + [bias_name], list(add.output)
+            graph.node.remove(add)
+        replacement = onnx.helper.make_node(kernels.MATMUL_Q4_OP, inputs, outputs, name=node.name,
+                                            domain=kernels.DOMAIN, K=k, N=n)
+        index = list(graph.node).index(node)  # now: a folded Add before it has moved it
         graph.node.remove(node)
         graph.node.insert(index, replacement)
         users[stem] -= 1
@@ -189,6 +196,20 @@ def _specrt_q4(model: onnx.ModelProto, exclude: list[str]) -> None:
             graph.initializer.remove(inits.pop(stem))
     if not any(o.domain == kernels.DOMAIN for o in model.opset_import):
         model.opset_import.append(onnx.helper.make_opsetid(kernels.DOMAIN, kernels.OPSET))
+
+
+def _bias_add(graph: onnx.GraphProto, inits: dict[str, onnx.TensorProto], product: str,
+              n: int) -> onnx.NodeProto | None:
+    """The Add node that is ``product``'s only reader and adds it to a float32 [n] initializer, if any."""
+    readers = [node for node in graph.node if product in node.input]
+    outputs = {o.name for o in graph.output}
+    if len(readers) != 1 or product in outputs or readers[0].op_type != "Add" or len(readers[0].input) != 2:
+        return None
+    other = next((name for name in readers[0].input if name != product), None)
+    bias = inits.get(other) if other is not None else None
+    if bias is None or list(bias.dims) != [n] or bias.data_type != onnx.TensorProto.FLOAT:
+        return None
+    return readers[0]
 
 
 def _dynamic(model: onnx.ModelProto, config: QuantConfig, head: str) -> onnx.ModelProto:

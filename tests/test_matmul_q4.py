@@ -22,17 +22,24 @@ from tests.test_spec_attention import isas
 pytestmark = pytest.mark.skipif(kernels.library_path() is None, reason="specrt's kernel library is not built")
 
 
-def q4_graph(k: int, n: int, packed: np.ndarray, scales: np.ndarray, *, as_inputs: bool = False) -> bytes:
-    """One MatMulQ4 node: x [rows, K] -> y [rows, N]; the weights as initializers (or graph inputs)."""
+def q4_graph(k: int, n: int, packed: np.ndarray, scales: np.ndarray, *, as_inputs: bool = False,
+             bias: np.ndarray | None = None) -> bytes:
+    """One MatMulQ4 node: x [rows, K] -> y [rows, N]; the weights (and ``bias``) as initializers (or graph
+    inputs)."""
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["rows", "k"])
     y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["rows", "n"])
-    node = helper.make_node(kernels.MATMUL_Q4_OP, ["x", "packed", "scales"], ["y"], domain=kernels.DOMAIN, K=k, N=n)
+    names = ["x", "packed", "scales"] + (["bias"] if bias is not None else [])
+    node = helper.make_node(kernels.MATMUL_Q4_OP, names, ["y"], domain=kernels.DOMAIN, K=k, N=n)
     inputs, inits = [x], []
     if as_inputs:
         inputs += [helper.make_tensor_value_info("packed", TensorProto.UINT8, ["t", "b", "c"]),
                    helper.make_tensor_value_info("scales", TensorProto.FLOAT16, ["t", "b", "l"])]
+        if bias is not None:
+            inputs.append(helper.make_tensor_value_info("bias", TensorProto.FLOAT, ["n"]))
     else:
         inits = [numpy_helper.from_array(packed, "packed"), numpy_helper.from_array(scales, "scales")]
+        if bias is not None:
+            inits.append(numpy_helper.from_array(bias, "bias"))
     model = helper.make_model(helper.make_graph([node], "matmul_q4", inputs, [y], inits), ir_version=10,
                               opset_imports=[helper.make_opsetid("", 20), helper.make_opsetid(kernels.DOMAIN, 1)])
     return model.SerializeToString()
@@ -229,3 +236,31 @@ def test_a_graph_with_float32_scales_is_refused_with_the_fix(tmp_path):
                                                          r"which this kernel library reads as float16 .* quantize "
                                                          r"the artifact again"):
         make_session(path, "cpu", 1)
+
+
+@pytest.mark.parametrize("n, rows", [(16, 1), (40, 5), (160, 9)])  # 40: a partial last tile
+def test_a_bias_is_one_float_addition_after_the_product(monkeypatch, n, rows):
+    rng = np.random.default_rng(n)
+    packed, scales = pack_q4(*quantize_q4(rng.standard_normal((96, n)).astype(np.float32)))
+    bias = rng.standard_normal(n).astype(np.float32)
+    x = rng.standard_normal((rows, 96)).astype(np.float32)
+    options = ort.SessionOptions()
+    kernels.register(options, required=True)
+    for isa in isas():
+        monkeypatch.setenv("SPECRT_KERNEL_ISA", isa)
+        plain = ort.InferenceSession(q4_graph(96, n, packed, scales), options, providers=["CPUExecutionProvider"])
+        biased = ort.InferenceSession(q4_graph(96, n, packed, scales, bias=bias), options,
+                                      providers=["CPUExecutionProvider"])
+        assert np.array_equal(biased.run(None, {"x": x})[0], plain.run(None, {"x": x})[0] + bias), isa
+
+
+def test_a_bias_of_the_wrong_shape_is_named():
+    rng = np.random.default_rng(3)
+    packed, scales = pack_q4(*quantize_q4(rng.standard_normal((64, 40)).astype(np.float32)))
+    options = ort.SessionOptions()
+    kernels.register(options, required=True)
+    sess = ort.InferenceSession(q4_graph(64, 40, packed, scales, as_inputs=True, bias=np.zeros(40, np.float32)),
+                                options, providers=["CPUExecutionProvider"])
+    x = rng.standard_normal((2, 64)).astype(np.float32)
+    with pytest.raises(Exception, match=r"MatMulQ4: bias has shape \[39\], expected \[40\]"):
+        sess.run(None, {"x": x, "packed": packed, "scales": scales, "bias": np.zeros(39, np.float32)})

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
+import onnxruntime as ort
 import pytest
 from onnx import numpy_helper
 
@@ -244,3 +245,32 @@ def test_level4_int4_gate_measures_what_the_cpu_kernels_do(tiny_artifact, tmp_pa
         assert report["spec_safe"] and gate["max_logit_diff"] == 0.0, gate["modes"]
     else:
         assert gate["max_logit_diff"] > 0.0, gate["modes"]
+
+
+def test_specrt_q4_folds_a_bias_add_into_the_product():
+    # x W + b as MatMul then Add: one MatMulQ4 node with the bias input, the same bits as the unfused pair;
+    # an Add whose other input is not a [N] constant (here a graph input) stays
+    from onnx import TensorProto, helper
+
+    from pipeline.quantize_graph import _specrt_q4
+
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array(rng.standard_normal((64, 40)).astype(np.float32), "w"),
+             numpy_helper.from_array(rng.standard_normal(40).astype(np.float32), "b"),
+             numpy_helper.from_array(rng.standard_normal((64, 40)).astype(np.float32), "w2")]
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["xw"], name="mm"), helper.make_node("Add", ["b", "xw"], ["y"]),
+             helper.make_node("MatMul", ["x", "w2"], ["xw2"], name="mm2"), helper.make_node("Add", ["xw2", "c"], ["z"])]
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, 64])
+    c = helper.make_tensor_value_info("c", TensorProto.FLOAT, [40])
+    outputs = [helper.make_tensor_value_info(name, TensorProto.FLOAT, [3, 40]) for name in ("y", "z")]
+    model = helper.make_model(helper.make_graph(nodes, "g", [x, c], outputs, inits), ir_version=10,
+                              opset_imports=[helper.make_opsetid("", 20)])
+    _specrt_q4(model, exclude=[])
+    assert [(n.op_type, len(n.input)) for n in model.graph.node] == [("MatMulQ4", 4), ("MatMulQ4", 3), ("Add", 2)]
+    options = ort.SessionOptions()
+    specrt.kernels.register(options, required=True)
+    feed = {"x": rng.standard_normal((3, 64)).astype(np.float32), "c": np.zeros(40, np.float32)}
+    y, z = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"]).run(None, feed)
+    del model.graph.node[0].input[3]  # the same node without its bias: x W alone
+    product = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    assert np.array_equal(y, product.run(None, feed)[0] + numpy_helper.to_array(inits[1]))

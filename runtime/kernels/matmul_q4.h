@@ -13,6 +13,7 @@
 // Output, per row r and column n, blocks b in order from acc = 0:
 //   dot_b = sum over the block of nibble * xq  -  offset[r, b]          (int32: exact in any order)
 //   acc   = fma(float(dot_b), scale[n, b] * dx[r, b], acc)
+//   y     = acc + bias[n]                    (with a bias: one float addition, as an Add node after it)
 //
 // Packed layout of one (tile, block): 4 groups g of 64 bytes; byte 4c + i of group g holds column c
 // of the tile (0..15) at k = 8g + i in its low nibble and at k = 8g + 4 + i in its high one (i < 4).
@@ -39,6 +40,7 @@ struct Q4Weights {
   int64_t k = 0, n = 0;           // K a multiple of 32; N any (tiles = ceil(N / 16), the last zero-padded)
   const uint8_t* packed = nullptr;  // [tiles, K / 32, 256]
   const uint16_t* scales = nullptr;  // [tiles, K / 32, 16] binary16 bits
+  const float* bias = nullptr;       // [N] or nullptr
 };
 
 // Rows [row_begin, row_end) of x [M, K] into `rows`.

@@ -102,6 +102,12 @@ __attribute__((noinline)) void half_tile(const Q4Weights& w, const QuantizedRows
     }
   }
   const int64_t column = t * kQ4Tile + 8 * half, columns = w.n - column < 8 ? w.n - column : 8;
+  if (w.bias) {
+    alignas(32) float lanes[8] = {};
+    std::memcpy(lanes, w.bias + column, static_cast<size_t>(columns) * sizeof(float));
+    const __m256 bias = _mm256_load_ps(lanes);
+    for (int r = 0; r < R; ++r) acc[r] = _mm256_add_ps(acc[r], bias);
+  }
   for (int r = 0; r < R; ++r) {
     float* out = y + (r0 + r) * w.n + column;
     if (columns == 8) {

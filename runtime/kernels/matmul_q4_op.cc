@@ -3,7 +3,8 @@
 //
 //   x [..., K] float ─┐
 //   packed [ceil(N/16), K/32, 256] uint8 ─┼─► y [..., N] float        attributes K, N
-//   scales [ceil(N/16), K/32, 16] float16 ┘
+//   scales [ceil(N/16), K/32, 16] float16 ┤
+//   bias [N] float (optional) ────────────┘   y = x W + bias, the bias added after each output's chain
 //
 // Exact by construction: a row's output is computed by the same code in the same order whatever
 // the number of rows beside it, the split of tiles over onnxruntime's threads and the instruction
@@ -51,7 +52,7 @@ struct MatMulQ4Kernel {
   const Isa* isa = nullptr;
 
   OrtStatusPtr ComputeV2(OrtKernelContext* context) const {
-    Tensor x, packed, scales;
+    Tensor x, packed, scales, bias;
     if (OrtStatus* status = read_input(context, 0, kOpName, "x", ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT, &x)) return status;
     if (OrtStatus* status = read_input(context, 1, kOpName, "packed", ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8, &packed))
       return status;
@@ -65,6 +66,10 @@ struct MatMulQ4Kernel {
                   shape_text({tiles, blocks, kQ4TileBytes}) + " for K=" + std::to_string(k) + ", N=" + std::to_string(n));
     if (scales.shape != std::vector<int64_t>{tiles, blocks, kQ4Tile})
       return fail("scales has shape " + shape_text(scales.shape) + ", expected " + shape_text({tiles, blocks, kQ4Tile}));
+    if (OrtStatus* status = read_input(context, 3, kOpName, "bias", ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT, &bias, true))
+      return status;
+    if (bias.value && bias.shape != std::vector<int64_t>{n})
+      return fail("bias has shape " + shape_text(bias.shape) + ", expected [" + std::to_string(n) + "]");
     std::vector<int64_t> shape = x.shape;
     shape.back() = n;
     float* y = nullptr;
@@ -86,7 +91,8 @@ struct MatMulQ4Kernel {
                                                                    &quantize)) {
       return status;
     }
-    const Q4Weights w{k, n, static_cast<const uint8_t*>(packed.data), static_cast<const uint16_t*>(scales.data)};
+    const Q4Weights w{k, n, static_cast<const uint8_t*>(packed.data), static_cast<const uint16_t*>(scales.data),
+                      bias.value ? static_cast<const float*>(bias.data) : nullptr};
     Tiles work{&w, &rows, m, y, isa->matmul_q4};
     return api().KernelContext_ParallelFor(context, run_tile, static_cast<size_t>(tiles), 0, &work);
   }
@@ -103,10 +109,13 @@ struct MatMulQ4Op : Ort::CustomOpBase<MatMulQ4Op, MatMulQ4Kernel, true> {
     return finish_kernel(kOpName, status, made, kernel);
   }
   const char* GetName() const { return kOpName; }
-  size_t GetInputTypeCount() const { return 3; }
+  size_t GetInputTypeCount() const { return 4; }
+  OrtCustomOpInputOutputCharacteristic GetInputCharacteristic(size_t index) const {
+    return index == 3 ? INPUT_OUTPUT_OPTIONAL : INPUT_OUTPUT_REQUIRED;
+  }
   ONNXTensorElementDataType GetInputType(size_t index) const {
-    return index == 0 ? ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT
-           : index == 1 ? ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8 : ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16;
+    return index == 1 ? ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8
+           : index == 2 ? ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16 : ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
   }
   size_t GetOutputTypeCount() const { return 1; }
   ONNXTensorElementDataType GetOutputType(size_t) const { return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT; }

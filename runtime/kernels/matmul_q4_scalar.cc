@@ -72,7 +72,8 @@ void matmul_q4(const Q4Weights& w, const QuantizedRows& rows, int64_t m, int64_t
           acc[c] = std::fma(static_cast<float>(dot), half_to_float(scale[c]) * dx, acc[c]);
         }
       }
-      for (int64_t c = 0; c < columns; ++c) y[r * w.n + t * kQ4Tile + c] = acc[c];
+      for (int64_t c = 0; c < columns; ++c)
+        y[r * w.n + t * kQ4Tile + c] = w.bias ? acc[c] + w.bias[t * kQ4Tile + c] : acc[c];
     }
   }
 }

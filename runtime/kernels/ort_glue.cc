@@ -86,7 +86,9 @@ OrtStatus* read_input(OrtKernelContext* context, size_t index, const char* op, c
   if (status) return status;
   if (got != type)
     return fail(op, std::string("input ") + name + " must be " +
-                        (type == ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT ? "float32" : "uint8"));
+                        (type == ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT     ? "float32"
+                         : type == ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16 ? "float16"
+                                                                         : "uint8"));
   void* data = nullptr;
   if (OrtStatus* s = g_api->GetTensorMutableData(const_cast<OrtValue*>(tensor->value), &data)) return s;
   tensor->data = data;

@@ -37,7 +37,8 @@ int check_matmul_q4() {
         for (uint16_t& h : scales) h = static_cast<uint16_t>(bits(gen) | (byte(gen) & 0x80) << 8);
         std::vector<float> x = normal(static_cast<size_t>(m * k), 3.0f);
         if (m > 1) std::memset(x.data() + k, 0, kQ4Block * sizeof(float));  // an all-zero block
-        const Q4Weights w{k, n, packed.data(), scales.data()};
+        const std::vector<float> bias = normal(static_cast<size_t>(n), 1.0f);
+        const Q4Weights w{k, n, packed.data(), scales.data(), m % 2 ? bias.data() : nullptr};  // odd M: with a bias
         std::vector<int8_t> xq[2];
         std::vector<float> dx[2];
         std::vector<int32_t> offset[2];
