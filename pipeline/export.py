@@ -35,6 +35,7 @@ from specrt.spec_gate import gate_from_params
 from .atomic import staged_dir, write_text_atomic
 from .checkpoint import load_causal_lm
 from .decoder_graph import export_onnx, model_dims
+from .params import stage_params
 from .parity import check_parity
 from .specbench import calibration_prompts
 
@@ -288,16 +289,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--parity-text", type=Path, required=True, help="Spec-Bench question.jsonl")
     parser.add_argument("--params", type=Path, default=Path("params.yaml"))
     parser.add_argument("--report", type=Path, help="JSON report (default: <out>/../export.json)")
+    parser.add_argument("--gate-section", default="gate",
+                        help="params.yaml's section of spec-safety gate settings (gate_target: the pair's target)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     all_params = yaml.safe_load(args.params.read_text())
     if args.name not in all_params.get("catalog", {}):
         parser.error(f"--name {args.name!r} is not a key of {args.params}'s catalog")
     stop_tokens = tuple(all_params["catalog"][args.name].get("stop_tokens", ()))
+    gate = stage_params(args.params, args.gate_section)
     try:
-        report = run(
-            args.hf, args.out, args.name, args.parity_text, all_params["export"], stop_tokens, all_params["gate"]
-        )
+        report = run(args.hf, args.out, args.name, args.parity_text, all_params["export"], stop_tokens, gate)
     except ParityError as e:
         log.error("%s", e)
         return 1

@@ -37,6 +37,7 @@ from specrt.tree import causal_bias
 from . import fidelity
 from .atomic import staged_dir, write_text_atomic
 from .export import graph_op_types, producer_versions
+from .params import stage_params
 from .quantize_graph import QuantConfig, load_model, quantize_model, save_model
 from .specbench import calibration_prompts
 
@@ -160,6 +161,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--params", type=Path, default=Path("params.yaml"))
     parser.add_argument("--report", type=Path, required=True, help="metrics JSON to write")
     parser.add_argument("--plot", type=Path, help="plot JSON to write (one record: this variant's figures)")
+    parser.add_argument("--gate-section", default="gate",
+                        help="params.yaml's section of spec-safety gate settings (gate_target: the pair's target)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="override one setting of the variant (YAML value), e.g. --set accuracy_level=4")
     args = parser.parse_args(argv)
@@ -176,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
         if not sep or key not in fields:
             parser.error(f"--set {item!r}: expected KEY=VALUE with KEY one of {', '.join(fields)}")
         params["variants"][args.variant][key] = yaml.safe_load(value)
-    report = run(args.src, args.out, args.variant, args.prompts, params, all_params["gate"])
+    report = run(args.src, args.out, args.variant, args.prompts, params, stage_params(args.params, args.gate_section))
     report["stage_s"] = round(time.perf_counter() - started, 1)
     write_text_atomic(args.report, json.dumps(report, indent=2) + "\n")
     if args.plot:
