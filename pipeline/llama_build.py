@@ -88,7 +88,7 @@ class LlamaBuild:
                              f"got {bad[0]!r}")
 
 
-def read_build(params_path: Path, section: str = "peers") -> LlamaBuild | None:
+def read_build(params_path: Path, section: str = "peers_full") -> LlamaBuild | None:
     """``<section>.llama_cpp`` of ``params_path``: None when it is absent or ``enabled: false``;
     errors name the missing or wrong key."""
     where = f"{params_path}: {section}.llama_cpp"
@@ -138,7 +138,7 @@ def check_source(build: LlamaBuild, source: Path) -> None:
         raise FileNotFoundError(f"--source {source}: no such file")
     if f"-{build.version}.tar.gz" not in source.name:
         raise ValueError(f"--source {source.name} is not llama-cpp-python {build.version} "
-                         f"(peers.llama_cpp.version); expected a name ending in -{build.version}.tar.gz")
+                         f"(peers_full.llama_cpp.version); expected a name ending in -{build.version}.tar.gz")
 
 
 def cpu_model() -> str:
@@ -283,7 +283,7 @@ def read_record(folder: Path) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--params", type=Path, required=True, help="params.yaml (its <section>.llama_cpp mapping)")
-    parser.add_argument("--section", default="peers", help="the params.yaml section whose llama_cpp is built "
+    parser.add_argument("--section", default="peers_full", help="the params.yaml section whose llama_cpp is built "
                         "(peers_full: the full run's)")
     parser.add_argument("--out", type=Path, required=True, help="folder to install the package into")
     parser.add_argument("--source", type=Path, help="a local llama_cpp_python-<version>.tar.gz instead of PyPI's")

@@ -383,7 +383,8 @@ def test_llama_build_params_of_the_repo_and_their_errors(tmp_path):
     from pipeline.llama_build import LlamaBuild, read_build
 
     repo_params = Path(__file__).parents[1] / "params.yaml"
-    build = read_build(repo_params, "peers")  # the quick profile's stage builds it for both profiles
+    assert read_build(repo_params, "peers") is None  # the quick profile has no llama.cpp peer
+    build = read_build(repo_params, "peers_full")  # pipeline/full/dvc.yaml's llama_cpp stage builds it
     assert build.version == "0.3.36" and "-DLLAVA_BUILD=OFF" in build.cmake_args  # no multimodal library
     assert "-DGGML_NATIVE=ON" in build.cmake_args and build.skip_common  # the CPU's own instructions
     params = tmp_path / "params.yaml"
@@ -581,7 +582,7 @@ def test_llama_model_with_prompt_lookup_keeps_every_positions_logits(monkeypatch
 
 
 @pytest.mark.skipif(not (LLAMA_BUILT / "llama_cpp").is_dir(),
-                    reason=f"no llama.cpp build at {LLAMA_BUILT} (dvc repro llama_cpp, or python -m "
+                    reason=f"no llama.cpp build at {LLAMA_BUILT} (dvc repro pipeline/full/dvc.yaml:llama_cpp, or python -m "
                     "pipeline.llama_build --params params.yaml --out artifacts/peers/llama_cpp)")
 def test_llama_cpp_plain_repeats_and_its_prompt_lookup_equals_it(tiny_hf, hf_plain, tmp_path):
     from pipeline.llama_peer import gguf_quant, n_ctx_for
