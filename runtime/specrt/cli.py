@@ -193,7 +193,7 @@ def _print_stats(method: str, tree: bool, finish_reason: str, s: dict) -> None:
     print(
         f"[{method}{' tree' if tree else ''}] {s['new_tokens']} tokens ({finish_reason}); "
         f"decode {s['decode_tokens_per_s']:.1f} tok/s; "
-        f"mean accepted tokens/step {s['mean_accepted_tokens_per_step']:.2f}; "
+        f"tokens/step {s['mean_tokens_per_step']:.2f} ({s['mean_accepted_drafts_per_step']:.2f} accepted drafts); "
         f"prefill {s['prompt_tokens']} tokens in {s['prefill_s'] * 1000:.0f} ms",
         file=sys.stderr,
     )

@@ -108,7 +108,9 @@ class LoopStats:
             "accepted": self.accepted,
             "held_back": self.held_back,
             "acceptance_rate": round(self.accepted / self.drafted, 4) if self.drafted else 0.0,
-            "mean_accepted_tokens_per_step": round(self.tokens_per_step, 4),
+            # tau: accepted drafts + the recovered/bonus token, per verify step; and the drafts alone
+            "mean_tokens_per_step": round(self.tokens_per_step, 4),
+            "mean_accepted_drafts_per_step": round(self.accepted / self.steps, 4) if self.steps else 0.0,
             "decode_tokens_per_s": round(self.decode_tokens_per_s, 3),
         }
 

@@ -1,0 +1,20 @@
+"""What a request's stats count (specrt.engine.LoopStats.as_dict), on a tiny model."""
+
+from __future__ import annotations
+
+import specrt
+from tests.tiny import PROMPTS
+
+
+def test_tokens_per_step_counts_the_bonus_token_and_accepted_drafts_do_not(tiny_qwen2):
+    model = specrt.load(tiny_qwen2[0])
+    prompt = PROMPTS[0] * 3  # repeated text: prompt lookup finds drafts that the model accepts
+    stats = model.generate(prompt, method="pld", max_new_tokens=40).stats
+    assert stats["accepted"] > 0 and stats["steps"] > 0
+    assert stats["mean_tokens_per_step"] == round((stats["new_tokens"] - 1) / stats["steps"], 4)  # tau
+    assert stats["mean_accepted_drafts_per_step"] == round(stats["accepted"] / stats["steps"], 4)
+    # greedy chain: a step emits its accepted drafts and one more token (recovered or bonus), the
+    # last step possibly cut by max_new_tokens
+    assert 0 <= stats["steps"] + stats["accepted"] - (stats["new_tokens"] - 1) < stats["steps"] + 1
+    plain = model.generate(prompt, method="baseline", max_new_tokens=40).stats
+    assert plain["mean_tokens_per_step"] == 1.0 and plain["mean_accepted_drafts_per_step"] == 0.0
