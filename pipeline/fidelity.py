@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from specrt.backend import OrtDecoder
-from specrt.engine import prefill
+from specrt.prefill import prefill
 
 
 def _log_softmax(logits: np.ndarray) -> np.ndarray:  # [t, vocab] -> [t, vocab]

@@ -14,7 +14,7 @@ import torch
 from transformers import PreTrainedModel
 
 from specrt.backend import OrtDecoder
-from specrt.engine import prefill
+from specrt.prefill import prefill
 from specrt.tree import DraftTree, flatten
 
 

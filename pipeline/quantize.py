@@ -29,9 +29,9 @@ from tokenizers import Tokenizer
 
 from specrt import spec_gate
 from specrt.backend import OrtDecoder
-from specrt.engine import prefill
 from specrt.manifest import MANIFEST_NAME, Manifest, file_entry, read_manifest
 from specrt.model import load
+from specrt.prefill import prefill
 from specrt.tree import causal_bias
 
 from . import fidelity

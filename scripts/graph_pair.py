@@ -77,7 +77,7 @@ def bind_genai_kv(
 def raw_prefill(decoder: Any, prompt: np.ndarray, capacity: int) -> int:
     """Reset specrt's ``decoder`` (an OrtDecoder) to ``capacity`` positions and run ``prompt``
     through it; returns the greedy first token."""
-    from specrt.engine import prefill
+    from specrt.prefill import prefill
 
     decoder.reset(capacity)
     *_, last = prefill(decoder, prompt, len(prompt), last_logits_only=True)

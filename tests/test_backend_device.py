@@ -21,9 +21,9 @@ import specrt
 from specrt import InvalidRequestError, backend
 from specrt.backend import OrtDecoder
 from specrt.cli import main as cli_main
-from specrt.engine import prefill
 from specrt.gather import Block, RowGather, gather_graph
 from specrt.kvstore import DeviceKV, HostKV
+from specrt.prefill import prefill
 from specrt.tree import DraftTree, causal_bias, flatten
 from tests.tiny import PROMPTS
 

@@ -34,9 +34,9 @@ from specrt.drafters.draft_model import (
     make_hsd_capped,
     make_sd,
 )
-from specrt.engine import prefill
 from specrt.errors import ArtifactError, InvalidRequestError
 from specrt.manifest import file_entry, read_manifest
+from specrt.prefill import prefill
 from specrt.sampling import SamplingParams, target_probs
 from specrt.tree import DraftTree
 from tests.test_rejection import chi2_pvalue

@@ -12,8 +12,8 @@ from pipeline.decoder_graph import sliding_bias
 from pipeline.parity import torch_logits
 from specrt import contract
 from specrt.backend import OrtDecoder
-from specrt.engine import prefill
 from specrt.manifest import read_manifest
+from specrt.prefill import prefill
 from specrt.tree import DraftTree, flatten
 from tests.tiny import GEMMA_WINDOW
 

@@ -582,8 +582,8 @@ def test_llama_model_with_prompt_lookup_keeps_every_positions_logits(monkeypatch
 
 
 @pytest.mark.skipif(not (LLAMA_BUILT / "llama_cpp").is_dir(),
-                    reason=f"no llama.cpp build at {LLAMA_BUILT} (dvc repro pipeline/full/dvc.yaml:llama_cpp, or python -m "
-                    "pipeline.llama_build --params params.yaml --out artifacts/peers/llama_cpp)")
+                    reason=f"no llama.cpp build at {LLAMA_BUILT} (dvc repro pipeline/full/dvc.yaml:llama_cpp, or "
+                    "python -m pipeline.llama_build --params params.yaml --out artifacts/peers/llama_cpp)")
 def test_llama_cpp_plain_repeats_and_its_prompt_lookup_equals_it(tiny_hf, hf_plain, tmp_path):
     from pipeline.llama_peer import gguf_quant, n_ctx_for
     from pipeline.peer_worker import PeerWorker, WorkerConfig

@@ -13,7 +13,7 @@ import pytest
 import specrt
 from specrt import InvalidRequestError
 from specrt.backend import OrtDecoder
-from specrt.engine import prefill
+from specrt.prefill import prefill
 from specrt.prefix_cache import PrefixCache, PrefixEntry, common_prefix
 
 CHUNK = 4

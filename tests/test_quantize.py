@@ -283,7 +283,8 @@ def test_quantize_stage_reads_the_gate_section_it_is_given(tiny_qwen2, tmp_path)
 
     params = tmp_path / "params.yaml"
     gate = "{prompts_per_task: 1, max_prompt_tokens: 64, new_tokens: %d, widths: [4], prefill_chunk: 16}"
-    params.write_text("quantize: {bench_steps: 1, threads: null, variants: {int4: {method: specrt_q4, lm_head_bits: 4}}}\n"
+    variants = "{int4: {method: specrt_q4, lm_head_bits: 4}}"
+    params.write_text(f"quantize: {{bench_steps: 1, threads: null, variants: {variants}}}\n"
                       f"gate: {gate % 6}\ngate_target: {gate % 3}\n")
     questions = specbench_questions(tmp_path / "q.jsonl")
     base = ["--src", str(tiny_qwen2[0]), "--variant", "int4", "--prompts", str(questions), "--params", str(params)]
@@ -293,5 +294,5 @@ def test_quantize_stage_reads_the_gate_section_it_is_given(tiny_qwen2, tmp_path)
         main([*base, "--out", str(tmp_path / section), "--report", str(report), "--gate-section", section])
         positions[section] = json.loads(report.read_text())["gate_positions"]
     assert positions["gate_target"] < positions["gate"]
-    with pytest.raises(SystemExit, match=r"params.yaml: no section 'gate_pair' .*sections: quantize, gate, gate_target"):
+    with pytest.raises(SystemExit, match=r"no section 'gate_pair' .*sections: quantize, gate, gate_target"):
         main([*base, "--out", str(tmp_path / "x"), "--report", str(tmp_path / "x.json"), "--gate-section", "gate_pair"])

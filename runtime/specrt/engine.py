@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from .backend import ForwardOutput, OrtDecoder
+from .backend import OrtDecoder
 from .backoff import Backoff
 from .blas import BlasGuard
 from .cancel import CancelToken
@@ -32,10 +32,11 @@ from .cost import VerifyCostModel
 from .drafters import Drafter, Feedback
 from .errors import DrafterError, InvalidRequestError, check_int
 from .logprobs import TokenLogprob, token_logprobs, window_rows
+from .prefill import prefill
 from .prefix_cache import PrefixCache, PrefixEntry
 from .rejection import Verifier, accept_tree_stochastic
 from .sampling import SamplingParams, sample, target_probs
-from .tree import DraftTree, causal_bias, fit_window, flatten
+from .tree import DraftTree, fit_window, flatten
 from .verify import Walk, walk_greedy, walk_sampling
 
 
@@ -144,28 +145,6 @@ def check_tree(tree: object, budget: int, vocab: int, drafter: str) -> DraftTree
         shape = q.shape if isinstance(q, np.ndarray) else type(q).__name__
         raise DrafterError(f"{drafter} proposed draft_probs of shape {shape}, expected ({len(ids)}, {vocab})")
     return tree
-
-
-def prefill(
-    decoder: OrtDecoder, ids: np.ndarray, chunk: int, *, last_logits_only: bool = False
-) -> Iterator[ForwardOutput]:
-    """Cache ``ids`` ([t] int64) after the decoder's past, ``chunk`` positions per pass; yields
-    each pass's output (logits [<= chunk, vocab], hidden states [<= chunk, hidden]).
-
-    ``last_logits_only``: the passes return no logits ([0, vocab]) but the final one, which
-    returns its last row ([1, vocab]): all that the next token needs (on a GPU, all that is copied
-    to the host)."""
-    for start in range(0, len(ids), chunk):
-        piece = ids[start : start + chunk]
-        past, n = decoder.past, len(piece)
-        position_ids, bias = np.arange(past, past + n), causal_bias(past, n)
-        if last_logits_only:
-            rows = slice(n - 1, n) if start + chunk >= len(ids) else slice(0, 0)
-            out = decoder.forward(piece, position_ids, bias, logits_rows=rows)
-        else:
-            out = decoder.forward(piece, position_ids, bias)
-        decoder.commit(np.arange(n))
-        yield out
 
 
 class _Stopped(Exception):

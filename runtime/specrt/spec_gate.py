@@ -25,7 +25,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from .backend import OrtDecoder
-from .engine import prefill
+from .prefill import prefill
 from .tree import DraftTree, causal_bias, fit_window, flatten
 from .verdict import basis
 

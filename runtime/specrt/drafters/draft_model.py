@@ -50,6 +50,7 @@ from tokenizers import Tokenizer
 
 from ..backend import OrtDecoder
 from ..errors import ArtifactError, InvalidRequestError
+from ..prefill import prefill
 from ..prefix_cache import common_prefix
 from ..rejection import Verifier
 from ..sampling import SamplingParams, sample, target_probs
@@ -225,7 +226,6 @@ class DraftModelDrafter:
     def _sync(self, context: np.ndarray, n: int) -> np.ndarray:
         """Feed the context tokens the cache lacks, with room for ``n`` drafted tokens after them;
         the draft's logits ([draft vocab]) after the context's last token."""
-        from ..engine import prefill  # the engine imports the drafters package: import at call time
 
         self._keep_prefix_of(context)
         if len(context) + n - 1 > self.decoder.capacity:  # grow (rare): start over in a bigger cache
