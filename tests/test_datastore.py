@@ -22,12 +22,11 @@ from specrt.datastore import (
     SEPARATOR,
     TOKENS_FILE,
     concat_documents,
-    datastore_for,
     open_datastore,
     suffix_array,
     write_datastore,
 )
-from specrt.drafters.base import DrafterEnv
+from specrt.drafters.base import DrafterEnv, datastore_for
 from specrt.errors import ArtifactError, InvalidRequestError
 from specrt.suffix_automaton import ROOT, SuffixAutomaton, advance, build, match_states
 

@@ -30,17 +30,14 @@ import logging
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
-from .errors import ArtifactError, InvalidRequestError
+from .errors import ArtifactError
 from .manifest import FileEntry, file_entry, read_json_object, sha256_file
 from .suffix_automaton import StaticAutomaton
 from .suffix_automaton import build as build_automaton
-
-if TYPE_CHECKING:
-    from .drafters.base import DrafterEnv
 
 log = logging.getLogger(__name__)
 
@@ -290,27 +287,3 @@ def open_datastore(folder: str | Path, *, tokenizer_sha256: str | None, check_ha
     if len(automaton) != manifest.states:
         raise ArtifactError(f"{folder}: automaton has {len(automaton)} states, the manifest says {manifest.states}")
     return store
-
-
-def datastore_for(env: DrafterEnv, method: str) -> Datastore:
-    """The datastore of ``env`` for a drafter factory, loaded once per model (cached in ``env.state``).
-
-    Raises :class:`InvalidRequestError` when the model has none, :class:`ArtifactError` when it
-    does not fit the model (tokenizer, vocabulary) or its files differ from its manifest."""
-    if env.datastore is None:
-        raise InvalidRequestError(
-            f"method {method!r} drafts from a retrieval datastore, and this model has none: load it with "
-            "specrt.load(folder, datastore=...) (a folder built by `python -m pipeline.corpora`)"
-        )
-    cache: dict[Path, Datastore] = env.state.setdefault(STATE_KEY, {})
-    folder = Path(env.datastore).resolve()
-    if folder not in cache:
-        store = open_datastore(folder, tokenizer_sha256=env.tokenizer_sha256)
-        if store.manifest.max_token >= env.vocab:
-            raise ArtifactError(
-                f"{folder}: datastore holds token id {store.manifest.max_token}, the model's vocabulary is "
-                f"{env.vocab}: built with another tokenizer?"
-            )
-        log.info("datastore %s: %d tokens, %d automaton states", folder, store.manifest.tokens, store.manifest.states)
-        cache[folder] = store
-    return cache[folder]

@@ -50,8 +50,8 @@ from .cancel import CancelToken
 from .chat import ChatRenderer, Message, messages
 from .cost import VerifyCostModel
 from .datastore import STATE_KEY as DATASTORE_STATE_KEY
-from .datastore import datastore_for
 from .drafters import DEFAULT_METHOD, METHODS, NEEDS_DRAFT, SELF_BACKING_OFF, Drafter, DrafterEnv, make_drafter
+from .drafters.base import datastore_for
 from .drafters.baseline import NoDraft
 from .drafters.draft_model import check_vocab_compatible
 from .engine import LoopConfig, SpeculativeLoop
@@ -60,7 +60,8 @@ from .logprobs import TokenLogprob
 from .manifest import Manifest, read_manifest
 from .prefix_cache import PrefixCache
 from .sampling import SamplingParams
-from .verdict import SELF_CHECK_PROMPTS, Verdict, covers, self_check
+from .spec_gate import self_check
+from .verdict import SELF_CHECK_PROMPTS, Verdict, covers
 
 log = logging.getLogger(__name__)
 

@@ -19,15 +19,23 @@ the smallest margin seen overall (how close the prompt set came to a tie).
 
 from __future__ import annotations
 
+import hashlib
+import json
+import logging
 import time
 from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from .backend import OrtDecoder
+from .cachedir import cache_root, write_json_atomic
 from .prefill import prefill
 from .tree import DraftTree, causal_bias, fit_window, flatten
-from .verdict import basis
+from .verdict import SELF_CHECK, Verdict, basis, machine
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, eq=False)
@@ -168,3 +176,30 @@ def gate_from_params(decoder: OrtDecoder, prompts: list[np.ndarray], params: dic
     if op_types is not None:
         report["basis"] = basis(op_types, decoder.graph.provider)
     return report
+
+
+def _cache_file(decoder_sha256: str, provider: str) -> Path:
+    root = cache_root()
+    key = hashlib.sha256(json.dumps([decoder_sha256, machine(provider)], sort_keys=True).encode()).hexdigest()
+    return root / "selfcheck" / f"{key[:32]}.json"
+
+
+def self_check(decoder: Any, prompts: list[Any], decoder_sha256: str, provider: str) -> Verdict:
+    """The gate on ``prompts`` with :data:`SELF_CHECK` settings, or its cached result for this
+    decoder (by hash) on this machine. ``decoder``: an OrtDecoder of the graph."""
+    cache = _cache_file(decoder_sha256, provider)
+    here = machine(provider)
+    try:
+        cached = json.loads(cache.read_text())
+        return Verdict(bool(cached["spec_safe"]), "self-check", here, cached)
+    except (OSError, ValueError, KeyError):
+        pass
+    t0 = time.perf_counter()
+    report = run_gate(decoder, prompts, new_tokens=SELF_CHECK["new_tokens"], widths=SELF_CHECK["widths"],
+                      chunk=SELF_CHECK["chunk"])
+    report = {k: v for k, v in report.items() if k != "modes"} | {"seconds": round(time.perf_counter() - t0, 2)}
+    try:
+        write_json_atomic(cache, report)
+    except OSError as e:  # a read-only home: the check runs again next time
+        log.info("self-check result not cached (%s)", e)
+    return Verdict(bool(report["spec_safe"]), "self-check", here, report)

@@ -14,18 +14,15 @@ The gate (specrt.spec_gate) runs where the artifact is built and records, beside
                       onnxruntime it was measured with
 
 Before a model's first speculative request the runtime compares the basis with this machine
-(:func:`covers`). Where it does not cover it, a short self-check runs instead: the gate on two
-built-in prompts (16 tokens, windows of 4, chain and tree; seconds), cached per decoder and machine
-in ``$SPECRT_CACHE_DIR`` (default ``~/.cache/specrt``) under ``selfcheck/``.
+(:func:`covers`). Where it does not cover it, a short self-check runs instead
+(:func:`specrt.spec_gate.self_check`): the gate on two built-in prompts (16 tokens, windows of 4,
+chain and tree; seconds), cached per decoder and machine in ``$SPECRT_CACHE_DIR`` (default
+``~/.cache/specrt``) under ``selfcheck/``.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
-import logging
 import platform
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,9 +30,6 @@ from typing import Any
 import onnxruntime as ort
 
 from . import kernels
-from .cachedir import cache_root, write_json_atomic
-
-log = logging.getLogger(__name__)
 
 # Operators whose onnxruntime kernels choose their code path by the number of rows (GEMV vs GEMM,
 # one-row activation blocks, attention tiling): a window's row may round differently from a single step.
@@ -102,32 +96,3 @@ class Verdict:
     source: str  # "manifest" (the gate's verdict covers this machine) or "self-check"
     basis: dict[str, Any]  # the manifest's basis, or this machine's for a self-check
     report: dict[str, Any]  # the self-check's gate report ({} for "manifest")
-
-
-def _cache_file(decoder_sha256: str, provider: str) -> Path:
-    root = cache_root()
-    key = hashlib.sha256(json.dumps([decoder_sha256, machine(provider)], sort_keys=True).encode()).hexdigest()
-    return root / "selfcheck" / f"{key[:32]}.json"
-
-
-def self_check(decoder: Any, prompts: list[Any], decoder_sha256: str, provider: str) -> Verdict:
-    """The gate on ``prompts`` with :data:`SELF_CHECK` settings, or its cached result for this
-    decoder (by hash) on this machine. ``decoder``: an OrtDecoder of the graph."""
-    from .spec_gate import run_gate
-
-    cache = _cache_file(decoder_sha256, provider)
-    here = machine(provider)
-    try:
-        cached = json.loads(cache.read_text())
-        return Verdict(bool(cached["spec_safe"]), "self-check", here, cached)
-    except (OSError, ValueError, KeyError):
-        pass
-    t0 = time.perf_counter()
-    report = run_gate(decoder, prompts, new_tokens=SELF_CHECK["new_tokens"], widths=SELF_CHECK["widths"],
-                      chunk=SELF_CHECK["chunk"])
-    report = {k: v for k, v in report.items() if k != "modes"} | {"seconds": round(time.perf_counter() - t0, 2)}
-    try:
-        write_json_atomic(cache, report)
-    except OSError as e:  # a read-only home: the check runs again next time
-        log.info("self-check result not cached (%s)", e)
-    return Verdict(bool(report["spec_safe"]), "self-check", here, report)

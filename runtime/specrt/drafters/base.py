@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -9,11 +10,15 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
+from ..datastore import STATE_KEY, Datastore, open_datastore
+from ..errors import ArtifactError, InvalidRequestError
 from ..sampling import SamplingParams
 from ..tree import DraftTree
 
 if TYPE_CHECKING:
     from ..backend import OrtDecoder
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, eq=False)
@@ -69,3 +74,27 @@ class Drafter(Protocol):
     def observe(self, emitted: np.ndarray, feedback: Feedback) -> None:
         """The tokens ([k] int64) the verifier emitted after the last proposal, and what it saw."""
         ...
+
+
+def datastore_for(env: DrafterEnv, method: str) -> Datastore:
+    """The datastore of ``env`` for a drafter factory, loaded once per model (cached in ``env.state``).
+
+    Raises :class:`InvalidRequestError` when the model has none, :class:`ArtifactError` when it
+    does not fit the model (tokenizer, vocabulary) or its files differ from its manifest."""
+    if env.datastore is None:
+        raise InvalidRequestError(
+            f"method {method!r} drafts from a retrieval datastore, and this model has none: load it with "
+            "specrt.load(folder, datastore=...) (a folder built by `python -m pipeline.corpora`)"
+        )
+    cache: dict[Path, Datastore] = env.state.setdefault(STATE_KEY, {})
+    folder = Path(env.datastore).resolve()
+    if folder not in cache:
+        store = open_datastore(folder, tokenizer_sha256=env.tokenizer_sha256)
+        if store.manifest.max_token >= env.vocab:
+            raise ArtifactError(
+                f"{folder}: datastore holds token id {store.manifest.max_token}, the model's vocabulary is "
+                f"{env.vocab}: built with another tokenizer?"
+            )
+        log.info("datastore %s: %d tokens, %d automaton states", folder, store.manifest.tokens, store.manifest.states)
+        cache[folder] = store
+    return cache[folder]

@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..datastore import Datastore, datastore_for
+from ..datastore import Datastore
 from ..tree import DraftTree
-from .base import Drafter, DrafterEnv, Feedback
+from .base import Drafter, DrafterEnv, Feedback, datastore_for
 
 
 def frequency_tree(paths: list[np.ndarray], budget: int, tree: bool) -> DraftTree:

@@ -27,10 +27,10 @@ from collections.abc import Callable
 
 import numpy as np
 
-from ..datastore import Datastore, datastore_for
+from ..datastore import Datastore
 from ..suffix_automaton import ROOT, SuffixAutomaton, advance, match_states
 from ..tree import DraftTree
-from .base import Drafter, DrafterEnv, Feedback
+from .base import Drafter, DrafterEnv, Feedback, datastore_for
 from .pld import build_trie
 
 
