@@ -1,7 +1,8 @@
 """`specrt serve`: the real server on a loopback port, called with the official openai client and
 raw HTTP. Greedy answers equal model.generate token for token; bad requests get OpenAI's error
 shape and the server keeps serving; the concurrency limit answers 429; a client that goes away
-stops its generation and frees its slot."""
+stops its generation and frees its slot; a request's deadline ends its answer with finish_reason
+"timeout"."""
 
 from __future__ import annotations
 
@@ -317,6 +318,16 @@ BAD = [  # (path, body, raw bytes, status, param, code, message pattern)
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "a"}, {"role": "robot", "content": "b"}]},
      None, 400, "messages[1].role", None, r"^messages\[1\]\.role must be one of system, user, assistant, tool"),
     ("/v1/chat/completions", {"messages": []}, None, 400, "messages", None, r"^messages must be a non-empty list"),
+    ("/v1/completions", {"prompt": "hi", "specrt": {"timeout_s": 0}}, None, 400, "specrt.timeout_s", None,
+     r"^specrt.timeout_s must be a positive finite number of seconds, got 0$"),
+    ("/v1/completions", {"prompt": "hi", "specrt": {"timeout_s": -2.5}}, None, 400, "specrt.timeout_s", None,
+     r"got -2.5$"),
+    ("/v1/completions", {"prompt": "hi", "specrt": {"timeout_s": "2"}}, None, 400, "specrt.timeout_s", None,
+     r"got '2'$"),
+    ("/v1/completions", {"prompt": "hi", "specrt": {"timeout_s": True}}, None, 400, "specrt.timeout_s", None,
+     r"got True$"),
+    ("/v1/completions", None, b'{"prompt": "hi", "specrt": {"timeout_s": Infinity}}', 400, "specrt.timeout_s", None,
+     r"got inf$"),
     ("/v1/nope", {}, None, 404, None, "not_found", r"^POST /v1/nope: Not Found$"),
 ]
 
@@ -385,6 +396,73 @@ def test_disconnect_without_streaming_cancels_the_generation(port_one, caplog):
     stopped = [int(m.group(1)) for r in caplog.records
                if (m := re.fullmatch(r"client gone: stopped after (\d+) tokens", r.getMessage()))]
     assert len(stopped) == 1 and stopped[0] < LONG
+
+
+# --- deadlines ----------------------------------------------------------------------------------
+
+def _answer(out, stream: bool) -> tuple[str, str, list[int]]:
+    """(text, finish_reason, token ids) of a completion, streamed or not, from the openai client."""
+    if not stream:
+        return out.choices[0].text, out.choices[0].finish_reason, out.specrt["token_ids"]
+    chunks = list(out)
+    return "".join(c.choices[0].text for c in chunks), chunks[-1].choices[0].finish_reason, chunks[-1].specrt["token_ids"]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_deadline_ends_the_answer_with_what_was_generated(model, client, port, stream):
+    full = model.generate("hello", method="baseline", max_new_tokens=LONG)
+    assert full.finish_reason == "length" and full.text == "o" * LONG
+    out = client.completions.create(model="tiny-qwen2", prompt="hello", max_tokens=LONG, temperature=0, stream=stream,
+                                    extra_body={"specrt": {"method": "baseline", "timeout_s": 1e-6}})
+    text, reason, ids = _answer(out, stream)
+    assert reason == "timeout"  # the openai client passes a finish_reason it does not know
+    assert len(ids) < LONG and ids == list(full.token_ids[: len(ids)]) and text == "o" * len(ids)
+    assert request(port, "GET", "/health")[2]["in_flight"] == 0  # its slot is free
+    out = client.completions.create(model="tiny-qwen2", prompt="hello", max_tokens=LONG, temperature=0, stream=stream,
+                                    extra_body={"specrt": {"method": "pld", "timeout_s": 60}})
+    assert _answer(out, stream) == (full.text, "length", list(full.token_ids))
+
+
+def test_a_deadline_ends_a_chat_answer(client):
+    for stream in (False, True):
+        out = client.chat.completions.create(model="tiny-qwen2", max_tokens=LONG, temperature=0, stream=stream,
+                                             messages=[{"role": "user", "content": "hello"}],
+                                             extra_body={"specrt": {"timeout_s": 1e-6}})
+        if stream:
+            chunks = list(out)
+            text, reason = "".join(c.choices[0].delta.content or "" for c in chunks), chunks[-1].choices[0].finish_reason
+        else:
+            text, reason = out.choices[0].message.content, out.choices[0].finish_reason
+        assert reason == "timeout" and text == "o" * len(text) and len(text) < LONG
+
+
+def test_the_server_s_default_deadline_and_a_request_s_own(model):
+    config = ServeConfig(model_id="tiny-qwen2", speculation=Speculation("pld", tree=False, draft_budget=8),
+                         max_concurrent=2, request_timeout_s=1e-6)
+    local = serve_in_thread(build_app(model, config), timeout_s=30)
+    try:
+        status, _, body = request(local.port, "POST", "/v1/completions", LONG_BODY)
+        assert status == 200 and body["choices"][0]["finish_reason"] == "timeout"
+        status, _, body = request(local.port, "POST", "/v1/completions",
+                                  LONG_BODY | {"specrt": {"method": "baseline", "timeout_s": 60}})
+        assert (status, body["choices"][0]["text"], body["choices"][0]["finish_reason"]) == (200, "o" * LONG, "length")
+    finally:
+        local.stop()
+
+
+@pytest.mark.parametrize("value", [0, -1.0, float("inf"), float("nan"), "5", True])
+def test_request_timeout_must_be_positive_and_finite(model, value):
+    config = ServeConfig(model_id="m", speculation=Speculation("pld", tree=False, draft_budget=8), max_concurrent=1,
+                         request_timeout_s=value)
+    with pytest.raises(specrt.InvalidRequestError, match=r"^request_timeout_s must be a positive finite number"):
+        build_app(model, config)
+
+
+def test_cli_serve_refuses_a_bad_request_timeout(folder):
+    out = subprocess.run([sys.executable, "-m", "specrt.cli", "serve", "--model", str(folder),
+                          "--request-timeout-s", "0"], capture_output=True, text=True)
+    assert out.returncode == 2
+    assert "specrt: error: --request-timeout-s must be a positive finite number of seconds, got 0" in out.stderr
 
 
 def test_cli_serve_starts_and_answers(folder):

@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import sys
 from dataclasses import asdict
 from pathlib import Path
@@ -95,6 +96,9 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--provider", default="cpu", help="execution provider: cpu or cuda")
     serve.add_argument("--prefix-cache-mb", type=float, default=256,
                        help="host memory for recent prompts' KV rows (0: off); chat turns reuse their prefill")
+    serve.add_argument("--request-timeout-s", type=float, default=None,
+                       help="the deadline of a request whose body sets no specrt.timeout_s, in seconds from its "
+                       "start (prefill included); the answer then ends with finish_reason 'timeout' (default: none)")
     return parser
 
 
@@ -115,11 +119,15 @@ def _serve(args: argparse.Namespace) -> None:
         raise InvalidRequestError(f"specrt serve needs the 'serve' extra (pip install 'specrt[serve]'): {e}") from None
     if args.method not in METHODS:
         raise InvalidRequestError(f"unknown method {args.method!r}; valid methods: {', '.join(sorted(METHODS))}")
+    limit = args.request_timeout_s
+    if limit is not None and not (math.isfinite(limit) and limit > 0):
+        raise InvalidRequestError(f"--request-timeout-s must be a positive finite number of seconds, got {limit:g}")
     model = load(args.model, provider=args.provider, threads=args.threads, datastore=_datastore(args.model,
                  args.datastore), draft=args.draft, prefix_cache_mb=args.prefix_cache_mb,
                  check_hashes=args.check_hashes)
     speculation = Speculation(method=args.method, tree=args.tree, draft_budget=args.draft_budget)
-    config = ServeConfig(model_id=model.manifest.name, speculation=speculation, max_concurrent=args.max_concurrent)
+    config = ServeConfig(model_id=model.manifest.name, speculation=speculation, max_concurrent=args.max_concurrent,
+                         request_timeout_s=limit)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s:     %(name)s: %(message)s")  # as uvicorn's lines
     uvicorn.run(build_app(model, config), host=args.host, port=args.port, log_level="info")
 

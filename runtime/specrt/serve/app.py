@@ -4,12 +4,15 @@ At most ``max_concurrent`` generations run at once; a request over the limit is 
 with ``Retry-After`` at once (never queued). Each generation step runs on a worker thread; a
 client that disconnects (streaming or not) cancels its generation (:mod:`specrt.cancel`), which
 stops within one forward pass, even during a long prefill, then frees its KV cache and its slot.
+A request's deadline (its ``specrt.timeout_s``, else the server's ``request_timeout_s``) stops it
+the same way; its answer then ends with the text generated so far and finish_reason "timeout".
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import math
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -41,6 +44,7 @@ class ServeConfig:
     model_id: str  # the name /v1/models lists and responses carry
     speculation: Speculation  # the default of requests that send no "specrt" object
     max_concurrent: int  # generations running at once; more are answered 429
+    request_timeout_s: float | None = None  # the deadline of a request that names none (seconds); None: none
 
 
 class Slots:
@@ -84,6 +88,11 @@ class Server:
         self.model = model
         self.config = config
         self.slots = Slots(config.max_concurrent)
+        limit = config.request_timeout_s
+        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, (int, float))
+                                  or not math.isfinite(limit) or limit <= 0):
+            raise InvalidRequestError(f"request_timeout_s must be a positive finite number of seconds or None, "
+                                      f"got {limit!r}")
 
     async def health(self, request: Request) -> Response:
         return JSONResponse({"status": "ok", "in_flight": self.slots.in_flight,
@@ -105,7 +114,8 @@ class Server:
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
             raise ApiError(400, f"the request body is not valid JSON: {e}") from None
         req = parse_request(body, chat=chat, model=self.model, default=self.config.speculation,
-                            has_draft=self.model.draft_graph is not None)
+                            has_draft=self.model.draft_graph is not None,
+                            default_timeout_s=self.config.request_timeout_s)
         self.slots.take()
         try:
             gen = await anyio.to_thread.run_sync(Generation, self.model, req)

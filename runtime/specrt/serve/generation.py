@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from ..cancel import CANCELLED, CancelToken
+from ..cancel import CANCELLED, TIMEOUT, CancelToken
 from ..logprobs import TokenLogprob
 from ..model import SpecModel, TextStream
 from .requests import GenerationRequest
@@ -18,6 +18,8 @@ from .stops import StopCutter
 
 class Generation:
     """Iterate with :meth:`step` until ``done``; :meth:`close` frees the KV cache at any point.
+    The request's ``timeout_s`` (if any) is a deadline from construction: a step that meets it ends the
+    generation (finish_reason "timeout"), keeping the tokens emitted before it.
 
     :meth:`cancel` may be called from any thread while a step runs (a long prefill included): the
     step returns within one forward pass, and the generation is done."""
@@ -25,7 +27,7 @@ class Generation:
     def __init__(self, model: SpecModel, request: GenerationRequest):
         spec = request.speculation
         self.request = request
-        self.token = CancelToken()
+        self.token = CancelToken(timeout_s=request.timeout_s)  # the deadline runs from here: prefill included
         self._stepping = threading.Lock()  # held by the running step; close() waits for it
         self.loop, self._chunks = model.stream_ids(
             list(request.prompt_ids), max_new_tokens=request.max_tokens, method=spec.method, tree=spec.tree,
@@ -87,8 +89,12 @@ class Generation:
 
     @property
     def finish_reason(self) -> str:
-        """OpenAI's: "stop" (EOS, a stop string or a stop token) or "length" (max_tokens or the context's end)."""
-        return "stop" if self._stops.stopped or self.stop_token or self.loop.finish_reason == "eos" else "length"
+        """OpenAI's "stop" (EOS, a stop string or a stop token) or "length" (max_tokens or the context's
+        end); or "timeout": the request's deadline ended it first (not one of OpenAI's values; the
+        official clients pass it through)."""
+        if self._stops.stopped or self.stop_token or self.loop.finish_reason == "eos":
+            return "stop"
+        return TIMEOUT if self.loop.finish_reason == TIMEOUT else "length"
 
     def take_logprobs(self) -> list[TokenLogprob]:
         """The logprobs of the tokens of ``token_ids`` not returned before (none when not asked)."""

@@ -23,7 +23,7 @@ from .errors import invalid
 MAX_STOPS = 4  # OpenAI's limit on stop strings
 MAX_LOGPROBS = 5  # OpenAI's limits: completions' logprobs, chat's top_logprobs
 MAX_TOP_LOGPROBS = 20
-SPECRT_FIELDS = ("method", "tree", "draft_budget")
+SPECRT_FIELDS = ("method", "tree", "draft_budget", "timeout_s")
 # OpenAI fields this server cannot honour: refused unless absent or at their neutral value
 UNSUPPORTED = ("echo", "suffix", "presence_penalty", "frequency_penalty",
                "logit_bias", "tools", "functions", "response_format")
@@ -53,12 +53,15 @@ class GenerationRequest:
     stream: bool
     include_usage: bool  # stream_options.include_usage: a last chunk with the usage counts
     speculation: Speculation
+    timeout_s: float | None  # seconds from the generation's start (prefill included) to its deadline; None: none
 
 
 def parse_request(
-    body: Any, *, chat: bool, model: SpecModel, default: Speculation, has_draft: bool
+    body: Any, *, chat: bool, model: SpecModel, default: Speculation, has_draft: bool,
+    default_timeout_s: float | None = None,
 ) -> GenerationRequest:
-    """``body`` (parsed JSON) as a request, or ApiError naming the field."""
+    """``body`` (parsed JSON) as a request, or ApiError naming the field. ``default_timeout_s``: the
+    deadline of a request whose ``specrt`` object names none (None: no deadline)."""
     if not isinstance(body, dict):
         raise invalid(None, f"the request body must be a JSON object, got {type(body).__name__}")
     for name in UNSUPPORTED:
@@ -99,6 +102,7 @@ def parse_request(
         stream=_bool(body, "stream", False),
         include_usage=_bool(stream_options, "include_usage", False, prefix="stream_options."),
         speculation=_speculation(body.get("specrt"), default, has_draft),
+        timeout_s=_timeout(body.get("specrt"), default_timeout_s),
     )
 
 
@@ -206,7 +210,7 @@ def _speculation(value: Any, default: Speculation, has_draft: bool) -> Speculati
     if value is None:
         return default
     if not isinstance(value, dict):
-        raise invalid("specrt", "specrt must be an object with method, tree, draft_budget")
+        raise invalid("specrt", f"specrt must be an object with {', '.join(SPECRT_FIELDS)}")
     unknown = sorted(set(value) - set(SPECRT_FIELDS))
     if unknown:
         raise invalid(f"specrt.{unknown[0]}", f"unknown field specrt.{unknown[0]}; known: {', '.join(SPECRT_FIELDS)}")
@@ -221,3 +225,15 @@ def _speculation(value: Any, default: Speculation, has_draft: bool) -> Speculati
     if isinstance(budget, bool) or not isinstance(budget, int) or not 0 <= budget <= 64:
         raise invalid("specrt.draft_budget", f"specrt.draft_budget must be an integer in [0, 64], got {budget!r}")
     return Speculation(method=method, tree=tree, draft_budget=budget)
+
+
+def _timeout(value: Any, default: float | None) -> float | None:
+    """``specrt.timeout_s``: a positive finite number of seconds (``value`` is the checked ``specrt`` object)."""
+    seconds = value.get("timeout_s") if isinstance(value, dict) else None
+    if seconds is None:
+        return default
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not math.isfinite(seconds) \
+            or seconds <= 0:
+        raise invalid("specrt.timeout_s", f"specrt.timeout_s must be a positive finite number of seconds, "
+                      f"got {seconds!r}")
+    return float(seconds)
