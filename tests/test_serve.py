@@ -405,7 +405,8 @@ def _answer(out, stream: bool) -> tuple[str, str, list[int]]:
     if not stream:
         return out.choices[0].text, out.choices[0].finish_reason, out.specrt["token_ids"]
     chunks = list(out)
-    return "".join(c.choices[0].text for c in chunks), chunks[-1].choices[0].finish_reason, chunks[-1].specrt["token_ids"]
+    last = chunks[-1]
+    return "".join(c.choices[0].text for c in chunks), last.choices[0].finish_reason, last.specrt["token_ids"]
 
 
 @pytest.mark.parametrize("stream", [False, True])
@@ -430,7 +431,8 @@ def test_a_deadline_ends_a_chat_answer(client):
                                              extra_body={"specrt": {"timeout_s": 1e-6}})
         if stream:
             chunks = list(out)
-            text, reason = "".join(c.choices[0].delta.content or "" for c in chunks), chunks[-1].choices[0].finish_reason
+            text = "".join(c.choices[0].delta.content or "" for c in chunks)
+            reason = chunks[-1].choices[0].finish_reason
         else:
             text, reason = out.choices[0].message.content, out.choices[0].finish_reason
         assert reason == "timeout" and text == "o" * len(text) and len(text) < LONG
