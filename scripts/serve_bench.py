@@ -12,6 +12,11 @@ decode rate after it ((tokens - 1) / (last chunk - first chunk)). Prints one lin
 clients): median TTFT, median per-request decode tokens/s, and the total emitted tokens over the
 wall time (aggregate tokens/s); then whether every answer equalled the ``baseline`` answer to the
 same prompt (exit status 1 when one did not). ``--json PATH`` writes the rows.
+
+Every row starts cold: the model forgets what its drafters learned across requests (suffix
+histories, ...) before each row, so no row drafts from an answer it saw in an earlier row to the same
+prompt, and there is no prefix cache, so every request prefills. ``--keep-history`` keeps the
+histories (repeated traffic) and ``--prefix-cache-mb M`` turns the prefix cache on.
 """
 
 from __future__ import annotations
@@ -132,6 +137,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--threads", type=int, help="onnxruntime intra-op threads")
     parser.add_argument("--json", type=Path, help="write the rows here")
+    parser.add_argument("--keep-history", action="store_true",
+                        help="keep drafters' cross-request histories from row to row (repeated traffic)")
+    parser.add_argument("--prefix-cache-mb", type=float, default=0, help="prefix cache size (0: none, the default)")
     args = parser.parse_args(argv)
 
     methods = [(m.split(":")[0], m.endswith(":tree")) for m in args.methods.split(",")]
@@ -139,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
     if methods[0] != ("baseline", False):
         parser.error("--methods must start with baseline (the reference answers)")
     prompts = [q.turns[0] for q in read_questions(args.prompts)]
-    model = specrt.load(args.model, threads=args.threads)  # no prefix cache: every request prefills
+    model = specrt.load(args.model, threads=args.threads, prefix_cache_mb=args.prefix_cache_mb)
     local = start_server(model, max_concurrent=max(clients))
     port = local.port
     rows, same = [], True
@@ -147,6 +155,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for method, tree in methods:
             for n in clients:
+                if not args.keep_history:
+                    model.forget_history()
                 row, timings = run(port, prompts, method, tree, n, args.requests, args.max_tokens)
                 rows.append(row)
                 for t in timings:

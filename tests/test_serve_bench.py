@@ -34,3 +34,18 @@ def test_serve_bench_reports_each_method_and_client_count(tiny_chat_artifact, tm
 def test_serve_bench_needs_baseline_first(tmp_path):
     with pytest.raises(SystemExit):
         main(["m", "--prompts", "q.jsonl", "--methods", "pld"])
+
+
+@pytest.mark.parametrize("keep", [False, True])
+def test_serve_bench_starts_every_row_cold_unless_asked_to_keep_history(tiny_chat_artifact, tmp_path, monkeypatch,
+                                                                        keep):
+    import specrt
+
+    forgotten = []
+    monkeypatch.setattr(specrt.SpecModel, "forget_history", lambda self: forgotten.append(1))
+    folder = with_chat(tiny_chat_artifact, tmp_path / "fp32", TEMPLATE)
+    status = main([str(folder), "--prompts", str(specbench_questions(tmp_path / "question.jsonl")),
+                   "--methods", "baseline,suffix_decoding", "--clients", "1,2", "--requests", "2",
+                   "--max-tokens", "8", "--threads", "1"] + (["--keep-history"] if keep else []))
+    assert status == 0
+    assert len(forgotten) == (0 if keep else 4)  # before each (method, clients) row
