@@ -15,7 +15,7 @@ import specrt
 from specrt.chat import ChatRenderer, Message, messages
 from specrt.errors import ArtifactError, InvalidRequestError, MissingDependencyError
 from specrt.manifest import ChatTemplateFile
-from tests.conftest import QWEN25_CHAT_TEMPLATE
+from tests.helpers import QWEN25_CHAT_TEMPLATE
 from tests.tiny import EOS, with_chat
 
 QWEN = QWEN25_CHAT_TEMPLATE.read_text()

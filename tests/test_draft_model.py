@@ -6,7 +6,7 @@ enumerated from the target's own logits; Pearson chi-square at significance ALPH
 expected below 5 times pooled). Seeds are fixed: each outcome is deterministic. At 300 requests
 this checks the integration (slots, q rows, the draft cache, HSD blocks across steps) for gross
 errors — a recovered token drawn from p instead of norm((p - q)^+) gives p-value ~1e-12 here —
-while the rules' subtler defects are caught by tests/test_rejection.py on toy distributions.
+while the rules' subtler defects are caught by tests/runtime/test_rejection.py on toy distributions.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ from specrt.manifest import file_entry, read_manifest
 from specrt.prefill import prefill
 from specrt.sampling import SamplingParams, target_probs
 from specrt.tree import DraftTree
-from tests.test_rejection import chi2_pvalue
+from tests.helpers import chi2_pvalue
 from tests.tiny import PROMPTS
 from tests.tiny_pair import build_tiny_pair
 

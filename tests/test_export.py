@@ -10,7 +10,7 @@ import torch
 
 from pipeline.decoder_graph import sliding_bias
 from pipeline.parity import torch_logits
-from specrt import contract
+from specrt import contract, verdict
 from specrt.backend import OrtDecoder
 from specrt.manifest import read_manifest
 from specrt.prefill import prefill
@@ -31,6 +31,8 @@ def test_manifest_records_parity_and_contract(tiny_artifact):
     assert set(manifest.files) == {"decoder.onnx", "decoder.onnx.data", "tokenizer.json"}
     assert manifest.eos_token_ids == (model.config.eos_token_id,)
     assert {"torch", "transformers", "onnxruntime"} <= set(manifest.producers)
+    gate = manifest.checks["gate"]
+    assert gate["basis"]["exactness"] == "measured" and verdict.covers(gate["basis"], "cpu")  # measured here
 
 
 def test_tree_nodes_equal_sequential_decoding_of_their_paths(tiny_artifact):

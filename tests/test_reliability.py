@@ -1,6 +1,6 @@
 """Reliability: bad input, faults and concurrency never crash the runtime or lose data.
 
-One row of the issue per section; tests/test_errors.py holds the first checks of bad input
+One row of the issue per section; tests/runtime/test_errors.py holds the first checks of bad input
 (missing files, option ranges, unknown names) on every architecture. Here one tiny model (qwen2)
 built once for the module.
 """

@@ -1,18 +1,26 @@
-"""Tiny random models of each supported architecture, exported by the pipeline's own code.
+"""Tiny random models of each supported architecture, exported by the pipeline's own code (the
+torch lane's builders; the texts and tokenizer they share with the runtime lane are in tests/helpers.py).
 
 Vocabulary: a byte-level BPE of 320 tokens trained in-process; models: 2 layers, hidden 64.
 Gemma 3 gets a sliding window of 8 so that every test prompt is longer than the window.
+
+    python -m tests.tiny tests/data/tiny
+
+writes the tiny artifacts the runtime lane (tests/runtime) runs on, which needs no torch: one per
+architecture and a Qwen2 one with Qwen2.5's chat template. tests/test_tiny_committed.py checks
+that they are still what this module exports (contract, dims, operators).
 """
 
 from __future__ import annotations
 
 import json
 import shutil
+import sys
+import tempfile
 from pathlib import Path
 
 import numpy as np
 import torch
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import (
     Gemma3ForCausalLM,
     Gemma3TextConfig,
@@ -24,44 +32,19 @@ from transformers import (
 )
 
 from pipeline.export import build_artifact
-from specrt.manifest import file_entry
-
-ARCHS = ("qwen2", "llama", "gemma3")
-VOCAB = 320
-EOS = "<eos>"
-GEMMA_WINDOW = 8
-
-TRAINING_TEXT = [
-    "def add(a, b):\n    return a + b\n",
-    "def fib(n):\n    if n < 2:\n        return n\n    return fib(n - 1) + fib(n - 2)\n",
-    "The quick brown fox jumps over the lazy dog. The dog sleeps.",
-    "Summarize the following text. Speculative decoding drafts tokens and verifies them in one pass.",
-    "for i in range(10):\n    print(i, i * i)\n",
-]
-
-PROMPTS = [
-    "def add(a, b):\n    return a + b\n\ndef add(",
-    "The quick brown fox jumps over the lazy dog. The quick brown",
-    "for i in range(10):\n    print(i)\nfor i in range(10):\n",
-    "Summarize: speculative decoding drafts tokens. Summary: speculative",
-    "x",
-    "def fib(n):\n    if n < 2:\n        return n\n    return fib(n - 1) + fib(n - 2)\n\nprint(fib(",
-]
-
-
-def tiny_tokenizer(path: Path) -> Path:
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=VOCAB,
-        special_tokens=[EOS],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tok.train_from_iterator(TRAINING_TEXT, trainer=trainer)
-    tok.save(str(path))
-    return path
+from tests.helpers import (  # noqa: F401 (the texts and tokenizer, re-exported for the torch lane's tests)
+    ARCHS,
+    COMMITTED_CHAT,
+    EOS,
+    GEMMA_WINDOW,
+    PROMPTS,
+    QWEN25_CHAT_TEMPLATE,
+    TRAINING_TEXT,
+    VOCAB,
+    specbench_questions,
+    tiny_tokenizer,
+    with_chat,
+)
 
 
 def tiny_model(arch: str, vocab: int, eos_id: int, seed: int = 0) -> torch.nn.Module:
@@ -168,29 +151,21 @@ def tiny_gguf(model: torch.nn.Module, tokenizer_json: Path, path: Path) -> Path:
     return path
 
 
-def specbench_questions(path: Path) -> Path:
-    """A Spec-Bench question.jsonl at ``path``: one row per task (MT-bench as "writing"), turns from PROMPTS."""
-    tasks = ["writing", "translation", "summarization", "qa", "math_reasoning", "rag"]
-    rows = [{"question_id": i, "category": task, "turns": [PROMPTS[i % len(PROMPTS)]]} for i, task in enumerate(tasks)]
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return path
+def write_committed(out: Path) -> list[Path]:
+    """The runtime lane's tiny artifacts under ``out``: one folder per arch of ARCHS, and
+    COMMITTED_CHAT (Qwen2 with Qwen2.5's chat template). Each is replaced whole."""
+    builds = [(arch, arch, None) for arch in ARCHS] + [(COMMITTED_CHAT, "qwen2", QWEN25_CHAT_TEMPLATE.read_text())]
+    written = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, arch, template in builds:
+            folder, _ = build_tiny_artifact(arch, Path(tmp) / name / "fp32", chat_template=template)
+            shutil.rmtree(out / name, ignore_errors=True)
+            written.append(Path(shutil.copytree(folder, out / name)))
+    return written
 
 
-def with_chat(src: Path, dst: Path, template: str | None, chat: dict | None = None) -> Path:
-    """A copy of the artifact ``src`` at ``dst`` whose chat template file is ``template`` (None: the
-    manifest stores none, as artifacts exported before templates were kept) and, when given,
-    whose single-user-turn ``chat`` prefix/suffix is ``chat``; the manifest's file table follows."""
-    shutil.copytree(src, dst)
-    manifest = json.loads((dst / "manifest.json").read_text())
-    if template is None:
-        (dst / manifest["chat_template"]["file"]).unlink()
-        del manifest["files"][manifest["chat_template"]["file"]]
-        manifest["chat_template"] = None
-    else:
-        (dst / manifest["chat_template"]["file"]).write_text(template)
-        entry = file_entry(dst / manifest["chat_template"]["file"])
-        manifest["files"][manifest["chat_template"]["file"]] = {"sha256": entry.sha256, "bytes": entry.bytes}
-    if chat is not None:
-        manifest["chat"] = chat
-    (dst / "manifest.json").write_text(json.dumps(manifest))
-    return dst
+if __name__ == "__main__":
+    if len(sys.argv) != 2:
+        sys.exit("usage: python -m tests.tiny OUT_FOLDER (tests/data/tiny: the runtime lane's artifacts)")
+    for folder in write_committed(Path(sys.argv[1])):
+        print(folder)

@@ -5,7 +5,7 @@
 #     bash runtime/kernels/fetch_debian_package.sh PACKAGE DIR
 #
 # Used for onnxruntime's C API headers (fetch_ort_headers.sh) and, by the tests, SIMDe's portable
-# AVX-512 headers (tests/test_kernels_emulated.py).
+# AVX-512 headers (tests/runtime/test_kernels_emulated.py).
 set -euo pipefail
 package=$1
 dest=$2

@@ -1,5 +1,5 @@
 // The x86 intrinsics of the AVX-512 units: <immintrin.h>, or, compiled with -DSPECRT_EMULATED_AVX512
-// (tests/test_kernels_emulated.py), SIMDe's portable AVX-512, which runs the same code on any x86 CPU.
+// (tests/runtime/test_kernels_emulated.py), SIMDe's portable AVX-512, which runs the same code on any x86 CPU.
 #pragma once
 
 #if defined(SPECRT_EMULATED_AVX512)

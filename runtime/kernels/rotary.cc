@@ -1,5 +1,5 @@
 // The rotary embedding of SpecAttention's keys and queries (attention.h), apart from onnxruntime so
-// that the kernel units can be tested without it (tests/test_kernels_emulated.py).
+// that the kernel units can be tested without it (tests/runtime/test_kernels_emulated.py).
 #include <cstdint>
 
 #include "attention.h"

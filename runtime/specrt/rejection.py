@@ -66,7 +66,7 @@ hsd_capped — HSD with capped prefix ratios (the reference code's default, "cle
     ``over_t(x_t) > 0``: the recovered token may equal the drafted one.
     Deviation from the reference: its capped path accepts the full draft with the uncapped
     ``min(1, P_g / Q_g)``, which over-accepts once a cap is active (some ``rho_s > 1``, s < g) and
-    does not reproduce the target (tests/test_rejection.py shows that variant failing); the
+    does not reproduce the target (tests/runtime/test_rejection.py shows that variant failing); the
     induction above needs ``rho~_g``, which we use.
 
 Trees under HSD: the joint rule is defined for one draft sequence; given a tree, ``hsd`` and

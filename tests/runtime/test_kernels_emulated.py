@@ -1,10 +1,10 @@
 """specrt's AVX-512 kernel units, run on any x86 CPU through SIMDe's portable AVX-512: the same bits
-as the scalar units (tests/kernels/avx512_emulated.cc).
+as the scalar units (tests/runtime/kernels/avx512_emulated.cc).
 
 The AVX-512 paths are chosen at run time on CPUs that have AVX-512; on a machine without it,
 tests/test_spec_attention.py and tests/test_matmul_q4.py cannot run them. Here the same source
 files are compiled with -DSPECRT_EMULATED_AVX512, which swaps <immintrin.h> for SIMDe
-(tests/kernels/simde_avx512.h) and drops the target pragmas, so a wrong lane, mask or layout in
+(tests/runtime/kernels/simde_avx512.h) and drops the target pragmas, so a wrong lane, mask or layout in
 the AVX-512 code shows as a difference from the scalar definition on every machine. SIMDe's headers
 come from Debian's libsimde-dev (fetched by runtime/kernels/fetch_debian_package.sh into the cache
 folder, as the onnxruntime headers are), or from $SIMDE_INCLUDE_DIR.
@@ -20,9 +20,9 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 KERNELS = ROOT / "runtime" / "kernels"
-HARNESS = ROOT / "tests" / "kernels"
+HARNESS = ROOT / "tests" / "runtime" / "kernels"
 AVX512_UNITS = ("matmul_q4_avx512.cc", "matmul_q4_avx512vnni.cc", "kernel_avx512.cc")
 SCALAR_UNITS = ("kernel_scalar.cc", "matmul_q4_scalar.cc", "rotary.cc")
 FLAGS = ["-std=c++17", "-O1", "-ffp-contract=off", "-fno-math-errno"]  # as setup.py, bar -O3 (compile time)

@@ -16,7 +16,7 @@ import specrt.manifest
 from specrt.errors import ArtifactError
 from specrt.manifest import FileEntry, Manifest, ModelDims, read_manifest
 from specrt.stamp import stamp_path
-from tests.tiny import with_chat
+from tests.helpers import with_chat
 
 
 @pytest.fixture
@@ -121,8 +121,8 @@ def test_an_unreadable_stamp_means_hashing(tmp_path, cache, hashed):
     assert len(hashed) == 4
 
 
-def test_cli_skip_hash_check(tiny_chat_artifact, tmp_path, cache):
-    folder = with_chat(tiny_chat_artifact, tmp_path / "fp32", "x" * 40)
+def test_cli_skip_hash_check(runtime_chat_artifact, tmp_path, cache):
+    folder = with_chat(runtime_chat_artifact, tmp_path / "fp32", "x" * 40)
     (folder / "chat_template.jinja").write_text("y" * 40)  # same size, other bytes: only the hash tells
     env = {**os.environ, "SPECRT_CACHE_DIR": str(cache)}
     args = [sys.executable, "-m", "specrt.cli", "generate", "--model", str(folder), "--method", "baseline",

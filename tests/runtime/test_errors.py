@@ -14,8 +14,8 @@ from specrt.cli import main as cli_main
 
 
 @pytest.fixture(scope="module")
-def folder(tiny_artifact):
-    return tiny_artifact[0]
+def folder(runtime_artifact):
+    return runtime_artifact
 
 
 @pytest.fixture(scope="module")

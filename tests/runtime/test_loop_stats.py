@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import specrt
-from tests.tiny import PROMPTS
+from tests.helpers import PROMPTS
 
 
-def test_tokens_per_step_counts_the_bonus_token_and_accepted_drafts_do_not(tiny_qwen2):
-    model = specrt.load(tiny_qwen2[0])
+def test_tokens_per_step_counts_the_bonus_token_and_accepted_drafts_do_not(runtime_qwen2):
+    model = specrt.load(runtime_qwen2)
     prompt = PROMPTS[0] * 3  # repeated text: prompt lookup finds drafts that the model accepts
     stats = model.generate(prompt, method="pld", max_new_tokens=40).stats
     assert stats["accepted"] > 0 and stats["steps"] > 0

@@ -33,10 +33,10 @@ def test_covers_by_construction_on_any_cpu_and_a_measurement_only_where_it_was_t
     assert not verdict.covers(None, "cpu") and not verdict.covers({}, "cpu")
 
 
-def test_the_export_records_the_basis_of_its_gate(tiny_artifact):
-    gate = specrt.load(tiny_artifact[0]).manifest.checks["gate"]
+def test_the_export_records_the_basis_of_its_gate(runtime_artifact):
+    gate = specrt.load(runtime_artifact).manifest.checks["gate"]
     assert gate["basis"]["exactness"] == "measured" and "MatMul" in gate["basis"]["row_dependent_ops"]  # fp32 weights
-    assert verdict.covers(gate["basis"], "cpu")  # measured here: no self-check needed
+    # covered on the machine that exported it (tests/test_export.py); these committed copies were exported elsewhere
 
 
 def _moved(folder, tmp_path, basis):
@@ -49,10 +49,15 @@ def _moved(folder, tmp_path, basis):
     return copy
 
 
-def test_an_artifact_measured_elsewhere_is_self_checked_once_per_machine(tiny_artifact, tmp_path, monkeypatch):
+def _measured_here(folder, tmp_path):
+    """A copy of the artifact whose gate basis says it was measured on this machine, as a fresh export's."""
+    return _moved(folder, tmp_path, verdict.basis({"MatMul"}, "cpu"))
+
+
+def test_an_artifact_measured_elsewhere_is_self_checked_once_per_machine(runtime_artifact, tmp_path, monkeypatch):
     monkeypatch.setenv("SPECRT_CACHE_DIR", str(tmp_path / "cache"))
     elsewhere = verdict.basis({"MatMul"}, "cpu") | {"cpu_features": ["avx512f", "avx512bw"]}
-    model = specrt.load(_moved(tiny_artifact[0], tmp_path, elsewhere))
+    model = specrt.load(_moved(runtime_artifact, tmp_path, elsewhere))
     calls = []
     real = spec_gate.run_gate
     monkeypatch.setattr(spec_gate, "run_gate", lambda *a, **k: calls.append(1) or real(*a, **k))
@@ -65,9 +70,9 @@ def test_an_artifact_measured_elsewhere_is_self_checked_once_per_machine(tiny_ar
     assert len(list((tmp_path / "cache" / "selfcheck").iterdir())) == 1
 
 
-def test_a_self_check_that_finds_disagreements_makes_speculation_warn(tiny_artifact, tmp_path, monkeypatch, caplog):
+def test_a_self_check_that_finds_disagreements_makes_speculation_warn(runtime_artifact, tmp_path, monkeypatch, caplog):
     monkeypatch.setenv("SPECRT_CACHE_DIR", str(tmp_path / "cache"))
-    model = specrt.load(_moved(tiny_artifact[0], tmp_path, verdict.basis({"MatMul"}, "cuda")))
+    model = specrt.load(_moved(runtime_artifact, tmp_path, verdict.basis({"MatMul"}, "cuda")))
     report = {"spec_safe": False, "positions": 30, "disagreements": 2, "max_logit_diff": 0.5}
     monkeypatch.setattr(spec_gate, "run_gate", lambda *a, **k: dict(report))
     with caplog.at_level(logging.WARNING, logger="specrt.model"):
@@ -76,20 +81,20 @@ def test_a_self_check_that_finds_disagreements_makes_speculation_warn(tiny_artif
     assert "not spec-safe on this machine (self-check: 2 disagreements in 30 positions)" in caplog.text
 
 
-def test_a_covered_manifest_verdict_is_used_without_a_self_check(tiny_artifact, monkeypatch):
+def test_a_covered_manifest_verdict_is_used_without_a_self_check(runtime_artifact, tmp_path, monkeypatch):
     monkeypatch.setattr(spec_gate, "run_gate", lambda *a, **k: pytest.fail("self-check ran"))
-    result = specrt.load(tiny_artifact[0]).spec_safety()
+    result = specrt.load(_measured_here(runtime_artifact, tmp_path)).spec_safety()
     assert result.source == "manifest" and result.spec_safe and result.report == {}
 
 
-def test_cli_check_prints_the_verdict_and_exits_by_it(tiny_artifact, tmp_path, monkeypatch, capsys):
+def test_cli_check_prints_the_verdict_and_exits_by_it(runtime_artifact, tmp_path, monkeypatch, capsys):
     from specrt.cli import main
 
-    assert main(["check", "--model", str(tiny_artifact[0])]) == 0
+    assert main(["check", "--model", str(_measured_here(runtime_artifact, tmp_path / "here"))]) == 0
     printed = json.loads(capsys.readouterr().out)
     assert printed["spec_safe"] and printed["source"] == "manifest" and printed["basis"]["exactness"] == "measured"
     monkeypatch.setenv("SPECRT_CACHE_DIR", str(tmp_path / "cache"))
-    moved = _moved(tiny_artifact[0], tmp_path, verdict.basis({"MatMul"}, "cuda"))
+    moved = _moved(runtime_artifact, tmp_path, verdict.basis({"MatMul"}, "cuda"))
     monkeypatch.setattr(spec_gate, "run_gate", lambda *a, **k: {"spec_safe": False, "positions": 30,
                                                                  "disagreements": 2, "max_logit_diff": 0.5})
     assert main(["check", "--model", str(moved)]) == 1

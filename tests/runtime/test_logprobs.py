@@ -13,8 +13,8 @@ from specrt.tree import causal_bias
 
 
 @pytest.fixture(scope="module")
-def model(tiny_chat_artifact):
-    return specrt.load(tiny_chat_artifact)
+def model(runtime_chat_artifact):
+    return specrt.load(runtime_chat_artifact)
 
 
 def test_token_logprobs_literal():

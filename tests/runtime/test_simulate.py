@@ -13,7 +13,7 @@ from specrt.drafters.pld import PromptLookup
 from specrt.drafters.suffix_decoding import make
 from specrt.simulate import Record, SimulationResult, record_generation, simulate
 from specrt.tree import DraftTree
-from tests.tiny import PROMPTS
+from tests.helpers import PROMPTS
 
 
 def ctx(*tokens: int) -> np.ndarray:
@@ -192,8 +192,8 @@ def test_simulate_validation(kwargs, message):
 
 
 @pytest.fixture(scope="module")
-def model(tiny_artifact):
-    return specrt.load(tiny_artifact[0])
+def model(runtime_artifact):
+    return specrt.load(runtime_artifact)
 
 
 @pytest.fixture(scope="module")

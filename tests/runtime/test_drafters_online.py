@@ -16,7 +16,7 @@ from specrt.drafters.pld_plus import HiddenStore, PromptLookupPlus
 from specrt.drafters.token_recycling import DEFAULT_RANK_PROBS, TokenRecycling, tree_template
 from specrt.tree import DraftTree
 from specrt.verify import walk_greedy
-from tests.tiny import PROMPTS
+from tests.helpers import PROMPTS
 
 VOCAB = 10
 FACTORIES = {
@@ -527,8 +527,8 @@ def test_proposals_are_well_formed_under_random_feedback(name, tree_mode, prompt
 
 
 @pytest.fixture(scope="module")
-def model(tiny_artifact):
-    return specrt.load(tiny_artifact[0])
+def model(runtime_artifact):
+    return specrt.load(runtime_artifact)
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,7 @@ import specrt
 from specrt.backoff import Backoff, matched_length
 from specrt.cost import VerifyCostModel
 from specrt.tree import DraftTree
-from tests.tiny import PROMPTS
+from tests.helpers import PROMPTS
 
 
 def test_matched_length_follows_the_deepest_spelled_path():
@@ -101,8 +101,8 @@ class LinearCost(VerifyCostModel):
 
 
 @pytest.fixture(scope="module")
-def model(tiny_artifact):
-    return specrt.load(tiny_artifact[0])
+def model(runtime_artifact):
+    return specrt.load(runtime_artifact)
 
 
 @pytest.fixture

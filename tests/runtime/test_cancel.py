@@ -25,8 +25,8 @@ class CancelAtCheck(CancelToken):
 
 
 @pytest.fixture(scope="module")
-def model(tiny_chat_artifact):
-    return specrt.load(tiny_chat_artifact)
+def model(runtime_chat_artifact):
+    return specrt.load(runtime_chat_artifact)
 
 
 PROMPT = "The quick brown fox jumps over the lazy dog. " * 4

@@ -33,7 +33,7 @@ from specrt.rejection import (
 from specrt.sampling import sample
 from specrt.tree import DraftTree
 from specrt.verify import Walk
-from tests.test_verify import chi2_sf
+from tests.helpers import chi2_pvalue
 
 V = 5
 DEPTH = 5  # longest prefix with tables
@@ -205,22 +205,6 @@ def first_tokens(rule: Rule, toy: Toy, g: int, rng: np.random.Generator, forward
         else:
             out.append(sample(toy.p[tuple(out)], rng))
     return tuple(out[:K])
-
-
-def chi2_pvalue(counts: Counter, law: dict[tuple[int, ...], float]) -> float:
-    """Pearson chi-square p-value of ``counts`` against ``law``; an impossible outcome gives 0."""
-    total = sum(counts.values())
-    if any(law.get(key, 0.0) == 0.0 for key in counts):
-        return 0.0
-    keys = [key for key, prob in law.items() if prob > 0]
-    expected = total * np.array([law[key] for key in keys])
-    observed = np.array([counts[key] for key in keys], np.float64)
-    small = expected < 5
-    if small.any():  # pool the rare cells into one
-        expected = np.append(expected[~small], expected[small].sum())
-        observed = np.append(observed[~small], observed[small].sum())
-    stat = float(((observed - expected) ** 2 / expected).sum())
-    return chi2_sf(stat, len(expected) - 1)
 
 
 @functools.cache

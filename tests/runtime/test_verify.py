@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from collections import Counter
 
 import numpy as np
@@ -11,6 +10,7 @@ import pytest
 from specrt.sampling import sample
 from specrt.tree import DraftTree
 from specrt.verify import Walk, walk_greedy, walk_sampling
+from tests.helpers import chi2_pvalue, chi2_sf
 
 # ---------------------------------------------------------------------------------------------
 # walk_greedy
@@ -120,36 +120,15 @@ def test_walk_sampling_empty_tree_samples_from_root():
 # walk_sampling: the emitted tokens are distributed as the target (statistical test)
 
 
-def chi2_sf(x: float, df: int) -> float:
-    """P(X >= x) for X ~ chi-square(df), df a positive integer, in closed form (no scipy)."""
-    h = x / 2.0
-    if df % 2 == 0:  # e^{-h} sum_{i < df/2} h^i / i!
-        return math.exp(-h) * sum(h**i / math.factorial(i) for i in range(df // 2))
-    # erfc(sqrt(h)) + e^{-h} sum_{i=1}^{(df-1)/2} h^(i - 1/2) / Gamma(i + 1/2)
-    return math.erfc(math.sqrt(h)) + math.exp(-h) * sum(
-        h ** (i - 0.5) / math.gamma(i + 0.5) for i in range(1, (df + 1) // 2)
-    )
-
-
 def test_chi2_sf_known_quantiles():
     # upper 1e-3 quantiles of chi-square (standard tables)
     for df, q in [(1, 10.828), (2, 13.816), (3, 16.266), (4, 18.467), (5, 20.515)]:
         assert chi2_sf(q, df) == pytest.approx(1e-3, rel=1e-3)
 
 
-def chi2_pvalue(counts: Counter, p: np.ndarray) -> float:
-    """Pearson chi-square goodness-of-fit p-value of ``counts`` (token -> count) against ``p``.
-    A token with p = 0 that was observed gives p-value 0 (impossible under the target)."""
-    total = sum(counts.values())
-    if total == 0:
-        raise AssertionError("no observations")
-    support = np.flatnonzero(p > 0)
-    if any(counts[t] for t in np.flatnonzero(p == 0)):
-        return 0.0
-    expected = total * p[support] / p.sum()
-    observed = np.array([counts[int(t)] for t in support], np.float64)
-    stat = float(((observed - expected) ** 2 / expected).sum())
-    return chi2_sf(stat, len(support) - 1)
+def law_of(p: np.ndarray) -> dict[int, float]:
+    """Token -> probability of the (unnormalized) distribution ``p`` ([vocab])."""
+    return {int(t): float(p[t] / p.sum()) for t in range(len(p))}
 
 
 #            root
@@ -195,9 +174,9 @@ def emitted_pvalues(walk_fn, seed: int = 0) -> dict[str, float]:
         if node in second:
             second[node][int(walk.emitted[1])] += 1
     return {
-        "first": chi2_pvalue(first, PROBS[0]),
-        "second | n0": chi2_pvalue(second[0], PROBS[1]),
-        "second | n1": chi2_pvalue(second[1], PROBS[2]),
+        "first": chi2_pvalue(first, law_of(PROBS[0])),
+        "second | n0": chi2_pvalue(second[0], law_of(PROBS[1])),
+        "second | n1": chi2_pvalue(second[1], law_of(PROBS[2])),
         # n2 repeats n0's token and n3's token has p_root = 0: neither may ever be accepted
         "n2 or n3 accepted": float(first_node[2] + first_node[3]),
     }

@@ -54,8 +54,8 @@ class Answer:
 
 
 @pytest.fixture(scope="module")
-def model(tiny_chat_artifact: Path):
-    return specrt.load(tiny_chat_artifact, prefix_cache_mb=0)  # no prefix cache: its entries would be memory growth
+def model(runtime_chat_artifact: Path):
+    return specrt.load(runtime_chat_artifact, prefix_cache_mb=0)  # no prefix cache: its entries would be memory growth
 
 
 @pytest.fixture(scope="module")

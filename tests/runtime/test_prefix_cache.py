@@ -121,9 +121,9 @@ def test_entries_are_read_only_and_consistent():
 
 
 @pytest.mark.parametrize("size", [-1, "64", True, float("nan")])
-def test_prefix_cache_mb_is_checked(tiny_artifact, size):
+def test_prefix_cache_mb_is_checked(runtime_artifact, size):
     with pytest.raises(InvalidRequestError, match="prefix_cache_mb"):
-        specrt.load(tiny_artifact[0], prefix_cache_mb=size)
+        specrt.load(runtime_artifact, prefix_cache_mb=size)
 
 
 def test_prefix_cache_size_in_bytes_is_checked():
@@ -144,8 +144,8 @@ def cold_prefill(folder, model, ids, chunk, **options):
 
 
 @pytest.mark.parametrize("device_cache", [False, True], ids=["host", "device"])
-def test_a_partial_hit_leaves_the_prefill_bit_exact(tiny_artifact, device_cache):
-    folder = tiny_artifact[0]
+def test_a_partial_hit_leaves_the_prefill_bit_exact(runtime_artifact, device_cache):
+    folder = runtime_artifact
     model = specrt.load(folder, prefix_cache_mb=16, device_cache=device_cache)
     rng = np.random.default_rng(3)
     first = rng.integers(0, model.manifest.dims.vocab, 23)
@@ -164,10 +164,10 @@ def test_a_partial_hit_leaves_the_prefill_bit_exact(tiny_artifact, device_cache)
 
 @pytest.mark.parametrize("method, tree", [("baseline", False), ("pld", False), ("pld", True),
                                           ("suffix_decoding", True), ("token_recycling", False)])
-def test_every_method_emits_the_same_tokens_from_a_hit(tiny_artifact, method, tree):
-    from tests.tiny import PROMPTS
+def test_every_method_emits_the_same_tokens_from_a_hit(runtime_artifact, method, tree):
+    from tests.helpers import PROMPTS
 
-    folder = tiny_artifact[0]
+    folder = runtime_artifact
     cached = specrt.load(folder, prefix_cache_mb=16)
     cold = specrt.load(folder)
     for text in PROMPTS:
@@ -179,8 +179,8 @@ def test_every_method_emits_the_same_tokens_from_a_hit(tiny_artifact, method, tr
         assert loop.stats.cached_prompt_tokens == len(ids)
 
 
-def test_a_seeded_sample_repeats_from_a_hit(tiny_artifact):
-    folder = tiny_artifact[0]
+def test_a_seeded_sample_repeats_from_a_hit(runtime_artifact):
+    folder = runtime_artifact
     model = specrt.load(folder, prefix_cache_mb=16)
     ids = model.encode("The quick brown fox jumps over the lazy dog. The quick brown")
     runs = [model.generate_ids(ids, method="pld", temperature=1.0, seed=11, max_new_tokens=20)[0] for _ in range(2)]
@@ -188,8 +188,8 @@ def test_a_seeded_sample_repeats_from_a_hit(tiny_artifact):
     assert np.array_equal(runs[0], cold) and np.array_equal(runs[1], cold)
 
 
-def test_no_cache_by_default(tiny_artifact):
-    model = specrt.load(tiny_artifact[0])
+def test_no_cache_by_default(runtime_artifact):
+    model = specrt.load(runtime_artifact)
     ids = model.encode("x y z")
     for _ in range(2):
         _, loop = model.generate_ids(ids, method="baseline", max_new_tokens=2)
@@ -197,12 +197,12 @@ def test_no_cache_by_default(tiny_artifact):
     assert model.prefix_cache is None
 
 
-def test_concurrent_requests_share_the_cache_and_keep_their_outputs(tiny_artifact):
+def test_concurrent_requests_share_the_cache_and_keep_their_outputs(runtime_artifact):
     from concurrent.futures import ThreadPoolExecutor
 
-    from tests.tiny import PROMPTS
+    from tests.helpers import PROMPTS
 
-    folder = tiny_artifact[0]
+    folder = runtime_artifact
     cold = specrt.load(folder)
     cached = specrt.load(folder, prefix_cache_mb=16)
     shared = "for i in range(10):\n    print(i)\n" * 3  # a common beginning: whole chunks of 4 to reuse

@@ -14,7 +14,7 @@ from specrt.drafters.asd import AdaptiveSuffixDecoding, make_asd, make_asd_verif
 from specrt.drafters.suffix_decoding import SuffixDecoding, make
 from specrt.suffix_tree import Draft, SuffixCache, SuffixTree
 from specrt.tree import DraftTree
-from tests.tiny import PROMPTS
+from tests.helpers import PROMPTS
 
 
 def ctx(*tokens: int) -> np.ndarray:
@@ -530,8 +530,8 @@ def test_proposals_are_well_formed(previous, prompt, steps, factory, tree_mode):
 
 
 @pytest.fixture(scope="module")
-def model(tiny_artifact):
-    return specrt.load(tiny_artifact[0])
+def model(runtime_artifact):
+    return specrt.load(runtime_artifact)
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,7 @@ from tokenizers import Tokenizer
 import specrt
 import specrt.model
 from specrt.model import TextStream
-from tests.tiny import VOCAB, tiny_tokenizer
+from tests.helpers import VOCAB, tiny_tokenizer
 
 
 @pytest.fixture(scope="module")
@@ -71,8 +71,8 @@ def test_pieces_joined_equal_the_whole_decode(tokenizer, ids, cuts):
         assert "".join(pieces) == tokenizer.decode(ids, skip_special_tokens=True), (window, pieces)
 
 
-def test_stream_equals_generate(tiny_chat_artifact):
-    model = specrt.load(tiny_chat_artifact)
+def test_stream_equals_generate(runtime_chat_artifact):
+    model = specrt.load(runtime_chat_artifact)
     for prompt in ("hé", "def add(a, b):", "The quick brown fox"):
         want = model.generate(prompt, method="pld", max_new_tokens=30)
         assert "".join(model.stream(prompt, method="pld", max_new_tokens=30)) == want.text

@@ -16,8 +16,8 @@ print(json.dumps({"heavy": sorted(m for m in ("torch", "transformers", "onnx") i
 """
 
 
-def test_generate_leaves_torch_and_transformers_unloaded(tiny_artifact):
-    out = subprocess.run([sys.executable, "-c", SCRIPT, str(tiny_artifact[0])], capture_output=True, text=True,
+def test_generate_leaves_torch_and_transformers_unloaded(runtime_artifact):
+    out = subprocess.run([sys.executable, "-c", SCRIPT, str(runtime_artifact)], capture_output=True, text=True,
                          check=True)
     report = json.loads(out.stdout.strip().splitlines()[-1])
     assert report["heavy"] == []
