@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+import specrt
 from tests.helpers import ARCHS, COMMITTED_CHAT, committed_artifact
 
 
@@ -26,3 +27,9 @@ def runtime_qwen2(tmp_path_factory) -> Path:
 def runtime_chat_artifact(tmp_path_factory) -> Path:
     """The tiny Qwen2 artifact exported with Qwen2.5's chat template (tests/data, the default model's)."""
     return committed_artifact(COMMITTED_CHAT, tmp_path_factory.mktemp("runtime-chat") / "fp32")
+
+
+@pytest.fixture(scope="module")
+def model(runtime_artifact) -> specrt.SpecModel:
+    """The runtime artifact loaded once per test module (a module that needs other options defines its own)."""
+    return specrt.load(runtime_artifact)

@@ -100,11 +100,6 @@ class LinearCost(VerifyCostModel):
         return 1.0 + 0.2 * (s - 1)
 
 
-@pytest.fixture(scope="module")
-def model(runtime_artifact):
-    return specrt.load(runtime_artifact)
-
-
 @pytest.fixture
 def steady(model, monkeypatch):
     """``model`` with fixed window costs, so the back-off's choices do not follow timing noise."""

@@ -7,7 +7,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import specrt
 from specrt.drafters import DrafterEnv, Feedback, adapld, anpd, lookahead, pld_plus, token_recycling
 from specrt.drafters.adapld import AdaptivePromptLookup
 from specrt.drafters.anpd import AdaptiveNgram
@@ -524,11 +523,6 @@ def test_proposals_are_well_formed_under_random_feedback(name, tree_mode, prompt
 
 # ---------------------------------------------------------------------------------------------
 # end to end: bit-exact with plain decoding on the tiny models, and some drafts accepted
-
-
-@pytest.fixture(scope="module")
-def model(runtime_artifact):
-    return specrt.load(runtime_artifact)
 
 
 @pytest.fixture(scope="module")

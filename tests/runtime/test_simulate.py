@@ -5,7 +5,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-import specrt
 from specrt.backoff import Backoff
 from specrt.cost import VerifyCostModel
 from specrt.drafters import DrafterEnv, Feedback
@@ -189,11 +188,6 @@ def test_simulate_validation(kwargs, message):
 
 # ---------------------------------------------------------------------------------------------
 # against real runs on the tiny models
-
-
-@pytest.fixture(scope="module")
-def model(runtime_artifact):
-    return specrt.load(runtime_artifact)
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import specrt
 from specrt.drafters import DrafterEnv, Feedback
 from specrt.drafters.asd import AdaptiveSuffixDecoding, make_asd, make_asd_verify
 from specrt.drafters.suffix_decoding import SuffixDecoding, make
@@ -527,11 +526,6 @@ def test_proposals_are_well_formed(previous, prompt, steps, factory, tree_mode):
 
 # ---------------------------------------------------------------------------------------------
 # end to end on the tiny models: bit-exact with plain decoding, drafts accepted
-
-
-@pytest.fixture(scope="module")
-def model(runtime_artifact):
-    return specrt.load(runtime_artifact)
 
 
 @pytest.fixture(scope="module")
