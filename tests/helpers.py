@@ -54,6 +54,16 @@ def committed_artifact(name: str, dst: Path) -> Path:
     return Path(shutil.copytree(src, dst))
 
 
+def ctx(*tokens: int) -> np.ndarray:
+    """A token context ([t] int64) for a drafter, from literal ids."""
+    return np.array(tokens, np.int64)
+
+
+def as_lists(tree) -> tuple[list[int], list[int]]:
+    """(token ids, parents) of a draft tree (specrt.tree.DraftTree, specrt.suffix_tree.Draft) as lists."""
+    return tree.token_ids.tolist(), tree.parents.tolist()
+
+
 def tiny_tokenizer(path: Path) -> Path:
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)

@@ -20,19 +20,12 @@ from specrt.drafters.rest import Rest, frequency_tree
 from specrt.drafters.sam import AcceptanceModel, AdaptiveSam, SamDecoding
 from specrt.errors import ArtifactError, InvalidRequestError
 from specrt.tree import DraftTree
+from tests.helpers import as_lists, ctx
 from tests.tiny import PROMPTS, TRAINING_TEXT
 
 SHA = "c" * 64
 #        docs of the literal store:  [1 2 3 4]  [1 2 3 5]  [1 2 3 4]  [7 1 2 6]
 DOCS = ([1, 2, 3, 4], [1, 2, 3, 5], [1, 2, 3, 4], [7, 1, 2, 6])
-
-
-def ctx(*tokens: int) -> np.ndarray:
-    return np.array(tokens, np.int64)
-
-
-def as_lists(tree: DraftTree) -> tuple[list[int], list[int]]:
-    return tree.token_ids.tolist(), tree.parents.tolist()
 
 
 def store_of(folder, docs):

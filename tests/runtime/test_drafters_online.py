@@ -15,7 +15,7 @@ from specrt.drafters.pld_plus import HiddenStore, PromptLookupPlus
 from specrt.drafters.token_recycling import DEFAULT_RANK_PROBS, TokenRecycling, tree_template
 from specrt.tree import DraftTree
 from specrt.verify import walk_greedy
-from tests.helpers import PROMPTS
+from tests.helpers import PROMPTS, as_lists, ctx
 
 VOCAB = 10
 FACTORIES = {
@@ -27,16 +27,8 @@ FACTORIES = {
 }
 
 
-def ctx(*tokens: int) -> np.ndarray:
-    return np.array(tokens, np.int64)
-
-
 def rows(*vectors: tuple[float, ...]) -> np.ndarray:
     return np.array(vectors, np.float32)
-
-
-def as_lists(tree: DraftTree) -> tuple[list[int], list[int]]:
-    return tree.token_ids.tolist(), tree.parents.tolist()
 
 
 def ranked_logits(*rankings: list[int]) -> np.ndarray:

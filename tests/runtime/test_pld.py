@@ -12,20 +12,13 @@ from specrt.drafters.baseline import NoDraft
 from specrt.drafters.pld import PromptLookup, build_trie, continuations, ngram_matches
 from specrt.errors import InvalidRequestError
 from specrt.tree import DraftTree
+from tests.helpers import as_lists, ctx
 
 # every implemented method, and nothing else
 REGISTERED = [
     "adapld", "anpd", "asam", "asam_verify", "asd", "asd_verify", "auto", "baseline", "hsd", "hsd_capped", "lookahead",
     "pld", "pld_plus", "rest", "sam_decoding", "sd", "suffix_decoding", "token_recycling",
 ]
-
-
-def ctx(*tokens: int) -> np.ndarray:
-    return np.array(tokens, np.int64)
-
-
-def as_lists(tree: DraftTree) -> tuple[list[int], list[int]]:
-    return tree.token_ids.tolist(), tree.parents.tolist()
 
 
 # ---------------------------------------------------------------------------------------------

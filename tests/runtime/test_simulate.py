@@ -12,11 +12,7 @@ from specrt.drafters.pld import PromptLookup
 from specrt.drafters.suffix_decoding import make
 from specrt.simulate import Record, SimulationResult, record_generation, simulate
 from specrt.tree import DraftTree
-from tests.helpers import PROMPTS
-
-
-def ctx(*tokens: int) -> np.ndarray:
-    return np.array(tokens, np.int64)
+from tests.helpers import PROMPTS, ctx
 
 
 class Oracle:

@@ -13,15 +13,7 @@ from specrt.drafters.asd import AdaptiveSuffixDecoding, make_asd, make_asd_verif
 from specrt.drafters.suffix_decoding import SuffixDecoding, make
 from specrt.suffix_tree import Draft, SuffixCache, SuffixTree
 from specrt.tree import DraftTree
-from tests.helpers import PROMPTS
-
-
-def ctx(*tokens: int) -> np.ndarray:
-    return np.array(tokens, np.int64)
-
-
-def as_lists(tree: DraftTree | Draft) -> tuple[list[int], list[int]]:
-    return tree.token_ids.tolist(), tree.parents.tolist()
+from tests.helpers import PROMPTS, as_lists, ctx
 
 
 def env(tree: bool = False, **kwargs) -> DrafterEnv:
