@@ -22,9 +22,8 @@ from specrt.manifest import read_manifest
 from specrt.sampling import SamplingParams
 from specrt.simulate import simulate
 from specrt.tree import DraftTree
-from tests.helpers import chi2_pvalue
+from tests.helpers import PROMPTS, chi2_pvalue
 from tests.test_draft_model import ALPHA, SAMPLING, SEEDS, Pair, target_law
-from tests.tiny import PROMPTS
 from tests.tiny_pair import build_tiny_pair
 
 PROMPT = np.array([1, 2], np.int64)

@@ -25,7 +25,7 @@ from specrt.gather import Block, RowGather, gather_graph
 from specrt.kvstore import DeviceKV, HostKV
 from specrt.prefill import prefill
 from specrt.tree import DraftTree, causal_bias, flatten
-from tests.tiny import PROMPTS
+from tests.helpers import PROMPTS
 
 CUDA = "CUDAExecutionProvider" in ort.get_available_providers()
 needs_cuda = pytest.mark.skipif(not CUDA, reason="CUDAExecutionProvider not available in this onnxruntime build")

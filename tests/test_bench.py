@@ -10,7 +10,7 @@ import pytest
 
 import specrt
 from pipeline.bench import Prompt, Run, markdown, matched_prefix, measure, summarize
-from tests.tiny import PROMPTS, specbench_questions
+from tests.helpers import PROMPTS, specbench_questions
 from tests.tiny_pair import build_tiny_pair
 
 

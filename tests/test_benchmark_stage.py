@@ -14,7 +14,7 @@ from pipeline.benchmark import baseline_speed, chat_renderer, conversation_promp
 from pipeline.roofline import kv_bytes_per_position, roofline, weight_bytes
 from pipeline.specbench import Question
 from specrt.manifest import read_manifest
-from tests.tiny import PROMPTS
+from tests.helpers import PROMPTS
 
 
 @pytest.fixture(scope="module")

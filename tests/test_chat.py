@@ -15,8 +15,7 @@ import specrt
 from specrt.chat import ChatRenderer, Message, messages
 from specrt.errors import ArtifactError, InvalidRequestError, MissingDependencyError
 from specrt.manifest import ChatTemplateFile
-from tests.helpers import QWEN25_CHAT_TEMPLATE
-from tests.tiny import EOS, with_chat
+from tests.helpers import EOS, QWEN25_CHAT_TEMPLATE, with_chat
 
 QWEN = QWEN25_CHAT_TEMPLATE.read_text()
 QWEN_TOKENS = {"bos_token": "<|endoftext|>", "eos_token": "<|im_end|>", "pad_token": "<|endoftext|>"}
@@ -52,7 +51,7 @@ def test_renders_as_transformers_apply_chat_template(tmp_path, msgs, _):
     pytest.importorskip("transformers")
     from transformers import PreTrainedTokenizerFast
 
-    from tests.tiny import tiny_tokenizer
+    from tests.helpers import tiny_tokenizer
 
     tokenizer = PreTrainedTokenizerFast(tokenizer_file=str(tiny_tokenizer(tmp_path / "t.json")), eos_token=EOS,
                                         bos_token="<bos-text>")

@@ -12,7 +12,8 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast
 
 from pipeline import checkpoint, weights
-from tests.tiny import EOS, PROMPTS, tiny_gguf, tiny_model, tiny_tokenizer
+from tests.helpers import EOS, PROMPTS, tiny_tokenizer
+from tests.tiny import tiny_gguf, tiny_model
 
 CHECK_TOKENS = 6
 

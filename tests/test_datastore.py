@@ -353,7 +353,7 @@ def _corpora_params(code_sha256: str | None) -> dict:
 
 
 def test_the_corpora_stage_reads_pinned_archives_and_records_their_sha256(tmp_path):
-    from tests.tiny import tiny_tokenizer as train
+    from tests.helpers import tiny_tokenizer as train
 
     cache = tmp_path / "cache"  # archives already there: fetch_package does not download
     cache.mkdir()
@@ -383,6 +383,6 @@ def test_the_corpora_stage_reads_pinned_archives_and_records_their_sha256(tmp_pa
 def tiny_tokenizer(tmp_path_factory):
     from tokenizers import Tokenizer
 
-    from tests.tiny import tiny_tokenizer as train
+    from tests.helpers import tiny_tokenizer as train
 
     return Tokenizer.from_file(str(train(tmp_path_factory.mktemp("tok") / "tokenizer.json")))

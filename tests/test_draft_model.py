@@ -39,8 +39,7 @@ from specrt.manifest import file_entry, read_manifest
 from specrt.prefill import prefill
 from specrt.sampling import SamplingParams, target_probs
 from specrt.tree import DraftTree
-from tests.helpers import chi2_pvalue
-from tests.tiny import PROMPTS
+from tests.helpers import PROMPTS, chi2_pvalue
 from tests.tiny_pair import build_tiny_pair
 
 ACCEPTANCE = ("sd", "hsd", "hsd_capped")
@@ -414,7 +413,7 @@ def test_regression_core_includes_draft_methods_only_with_a_draft(pair):
 
 def test_load_with_a_draft_and_a_datastore_runs_both_families(pair, tmp_path, baselines):
     from pipeline.corpora import build_from_texts
-    from tests.tiny import TRAINING_TEXT
+    from tests.helpers import TRAINING_TEXT
 
     store = tmp_path / "datastore"
     build_from_texts([("text", "tests.tiny", TRAINING_TEXT)], pair.target_folder / "tokenizer.json", store)

@@ -20,8 +20,7 @@ from specrt.drafters.rest import Rest, frequency_tree
 from specrt.drafters.sam import AcceptanceModel, AdaptiveSam, SamDecoding
 from specrt.errors import ArtifactError, InvalidRequestError
 from specrt.tree import DraftTree
-from tests.helpers import as_lists, ctx
-from tests.tiny import PROMPTS, TRAINING_TEXT
+from tests.helpers import PROMPTS, TRAINING_TEXT, as_lists, ctx
 
 SHA = "c" * 64
 #        docs of the literal store:  [1 2 3 4]  [1 2 3 5]  [1 2 3 4]  [7 1 2 6]

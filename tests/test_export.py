@@ -15,7 +15,7 @@ from specrt.backend import OrtDecoder
 from specrt.manifest import read_manifest
 from specrt.prefill import prefill
 from specrt.tree import DraftTree, flatten
-from tests.tiny import GEMMA_WINDOW
+from tests.helpers import GEMMA_WINDOW
 
 TOLERANCE = 1e-3
 

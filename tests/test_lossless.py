@@ -7,7 +7,7 @@ import pytest
 
 import specrt
 from pipeline.lossless import compare_methods, first_divergence
-from tests.tiny import PROMPTS
+from tests.helpers import PROMPTS
 
 
 @pytest.fixture(scope="module")

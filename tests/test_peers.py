@@ -18,7 +18,8 @@ import yaml  # noqa: E402
 from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast  # noqa: E402
 
 from pipeline import checkpoint, peers, weights  # noqa: E402
-from tests.tiny import EOS, PROMPTS, memorize, tiny_gguf, tiny_model, tiny_tokenizer  # noqa: E402
+from tests.helpers import EOS, PROMPTS, tiny_tokenizer  # noqa: E402
+from tests.tiny import memorize, tiny_gguf, tiny_model  # noqa: E402
 
 NEW_TOKENS = 24
 
@@ -309,7 +310,7 @@ def test_transformers_run_only_with_the_variants_named(tiny_artifact, tmp_path, 
 
 
 def test_our_methods_run_after_plain_decoding_and_match_it(tiny_artifact, tmp_path):
-    from tests.tiny import specbench_questions
+    from tests.helpers import specbench_questions
 
     folder, _ = tiny_artifact
     questions = specbench_questions(tmp_path / "question.jsonl")
@@ -336,7 +337,7 @@ def test_our_methods_run_after_plain_decoding_and_match_it(tiny_artifact, tmp_pa
 
 def test_retrieval_methods_draft_from_the_datastore_given_and_are_refused_without_one(tiny_artifact, tmp_path):
     from pipeline.corpora import build_from_texts
-    from tests.tiny import TRAINING_TEXT, specbench_questions
+    from tests.helpers import TRAINING_TEXT, specbench_questions
 
     folder, _ = tiny_artifact
     questions = specbench_questions(tmp_path / "question.jsonl")
@@ -355,7 +356,7 @@ def test_retrieval_methods_draft_from_the_datastore_given_and_are_refused_withou
 
 def test_run_loads_a_gguf_checkpoint_once_and_not_at_all_when_builds_are_reused(tiny_hf, tmp_path, monkeypatch):
     # the builder's temporary checkpoint and the transformers runs share one load of the GGUF
-    from tests.tiny import specbench_questions
+    from tests.helpers import specbench_questions
 
     hf_dir, _ = tiny_hf
     _gguf_backed_folder(hf_dir, tmp_path)  # tmp_path/hf: config + tokenizer + gguf.json

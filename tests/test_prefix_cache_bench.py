@@ -4,7 +4,7 @@ lends whole chunks of it, a repeated prompt comes whole from the cache, and no o
 import re
 
 from scripts.prefix_cache_bench import main
-from tests.tiny import specbench_questions
+from tests.helpers import specbench_questions
 
 
 def test_cached_prefixes_shorten_prefill_and_leave_the_output_unchanged(tiny_qwen2, tmp_path, capsys):

@@ -6,7 +6,7 @@ import re
 import pytest
 
 from scripts.project_speedup import main
-from tests.tiny import specbench_questions
+from tests.helpers import specbench_questions
 
 COST = ["1:10", "2:11", "4:13", "8:18"]  # ms by window size: a window of 5 costs 1.25 single steps
 

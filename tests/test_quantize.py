@@ -14,7 +14,7 @@ from pipeline.quantize import quantize_artifact
 from pipeline.quantize_graph import QuantConfig, fold_tied_lm_head, lm_head_node, quantize_model
 from specrt.backend import OrtDecoder
 from specrt.spec_gate import reference_run, run_gate
-from tests.tiny import PROMPTS, specbench_questions
+from tests.helpers import PROMPTS, specbench_questions
 
 GATE = {"new_tokens": 16, "widths": [4], "prefill_chunk": 16}
 INT4 = QuantConfig(method="specrt_q4", bits=4, block_size=32, lm_head_bits=4, embedding_bits=4)  # params.yaml's int4

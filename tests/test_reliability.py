@@ -37,7 +37,8 @@ from specrt.datastore import open_datastore, write_datastore
 from specrt.drafters import pld
 from specrt.errors import DrafterError, SpecrtError
 from specrt.tree import DraftTree
-from tests.tiny import EOS, PROMPTS, build_tiny_artifact, tiny_model, tiny_tokenizer
+from tests.helpers import EOS, PROMPTS, tiny_tokenizer
+from tests.tiny import build_tiny_artifact, tiny_model
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -10,7 +10,7 @@ import pytest
 pytest.importorskip("uvicorn", reason="the serve extra is not installed")
 
 from scripts.serve_bench import main  # noqa: E402
-from tests.tiny import specbench_questions, with_chat  # noqa: E402
+from tests.helpers import specbench_questions, with_chat  # noqa: E402
 
 TEMPLATE = "{% for m in messages %}{{ m.content }}{% endfor %}"  # the tiny model continues the user's text
 

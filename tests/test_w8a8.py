@@ -13,7 +13,7 @@ from pipeline.lossless import compare_methods
 from pipeline.quantize import quantize_artifact
 from pipeline.quantize_graph import QuantConfig
 from pipeline.w8a8 import quantize_w8a8, quantize_weight
-from tests.tiny import PROMPTS
+from tests.helpers import PROMPTS
 
 W8A8 = QuantConfig(method="w8a8", bits=8, lm_head_bits=8)
 GATE = {"new_tokens": 16, "widths": [4, 8], "prefill_chunk": 16}

@@ -32,18 +32,14 @@ from transformers import (
 )
 
 from pipeline.export import build_artifact
-from tests.helpers import (  # noqa: F401 (the texts and tokenizer, re-exported for the torch lane's tests)
+from tests.helpers import (
     ARCHS,
     COMMITTED_CHAT,
     EOS,
     GEMMA_WINDOW,
-    PROMPTS,
     QWEN25_CHAT_TEMPLATE,
     TRAINING_TEXT,
-    VOCAB,
-    specbench_questions,
     tiny_tokenizer,
-    with_chat,
 )
 
 

@@ -15,7 +15,8 @@ import torch
 from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
 from pipeline.export import build_artifact
-from tests.tiny import EOS, build_tiny_artifact, memorize, tiny_tokenizer
+from tests.helpers import EOS, tiny_tokenizer
+from tests.tiny import build_tiny_artifact, memorize
 
 DRAFT_STEPS = 60
 
