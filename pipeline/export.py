@@ -35,7 +35,7 @@ from specrt.spec_gate import gate_from_params
 from .atomic import staged_dir, write_text_atomic
 from .checkpoint import load_causal_lm
 from .decoder_graph import export_onnx, model_dims
-from .params import stage_params
+from .params import gated, stage_params
 from .parity import check_parity
 from .specbench import calibration_prompts
 
@@ -177,7 +177,9 @@ def _write_artifact(
     """Export, copy the tokenizer, check parity and run the spec-safety gate (specrt.spec_gate)
     into the empty folder ``out``, then write the manifest, or ``parity_failed.json`` instead when
     parity is off (``checks["parity"]["ok"]``). The gate runs on ``gate_prompts`` with ``gate``
-    settings (params.yaml: gate); by default on the first half of ``check_ids``, briefly."""
+    settings (params.yaml: gate); by default on the first half of ``check_ids``, briefly. Where
+    ``gate`` names its ``variants`` without ``variant``, no gate runs: the manifest records no verdict,
+    and the runtime runs its self-check before the first speculative request (specrt.verdict)."""
     model = model.float().eval()
     max_context = min(max_context, getattr(model.config, "max_position_embeddings", max_context))
     dims = model_dims(model, max_context)
@@ -193,14 +195,15 @@ def _write_artifact(
     parity = check_parity(model, decoder, check_ids, chunk=prefill_chunk, tolerance=tolerance)
     parity["seconds"] = round(time.perf_counter() - t0, 2)
     log.info("parity: %s", parity)
-    gate_report = gate_from_params(
-        decoder,
-        gate_prompts or [check_ids[: max(len(check_ids) // 2, 1)]],
-        gate or {"new_tokens": 16, "widths": [4], "prefill_chunk": prefill_chunk},
-        op_types=graph_op_types(out / DECODER_FILE),
-    )
-    log.info("gate: spec_safe=%s, %d disagreements in %d positions", gate_report["spec_safe"],
-             gate_report["disagreements"], gate_report["positions"])
+    gate = gate or {"new_tokens": 16, "widths": [4], "prefill_chunk": prefill_chunk}
+    checks: dict[str, Any] = {"parity": parity}
+    if gated(gate, variant):
+        checks["gate"] = gate_from_params(decoder, gate_prompts or [check_ids[: max(len(check_ids) // 2, 1)]],
+                                          gate, op_types=graph_op_types(out / DECODER_FILE))
+        log.info("gate: spec_safe=%s, %d disagreements in %d positions", checks["gate"]["spec_safe"],
+                 checks["gate"]["disagreements"], checks["gate"]["positions"])
+    else:
+        log.info("gate: not run on %s (its section's variants: %s)", variant, gate["variants"])
 
     inputs, outputs = contract.io_table(dims.num_layers, dims.kv_heads, dims.head_dim, dims.hidden, dims.vocab)
     files = {p.name: file_entry(p) for p in sorted(out.iterdir()) if p.name != MANIFEST_NAME}
@@ -217,9 +220,9 @@ def _write_artifact(
         producers=producer_versions(),
         chat=chat_template(tokenizer),
         chat_template=template,
-        spec_safe=bool(gate_report["spec_safe"]),
+        spec_safe=bool(checks["gate"]["spec_safe"]) if "gate" in checks else True,
         attention=attention,
-        checks={"parity": parity, "gate": gate_report, "export_s": round(export_s, 2)},
+        checks={**checks, "export_s": round(export_s, 2)},
     )
     if not parity["ok"]:
         (out / "parity_failed.json").write_text(json.dumps(parity, indent=2))
@@ -236,8 +239,10 @@ def run(
     params: dict[str, Any],
     stop_tokens: tuple[str, ...],
     gate: dict[str, Any],
+    parity_tokens: int | None = None,
 ) -> dict[str, Any]:
-    """Worker of the stage: returns the report written next to the artifact."""
+    """Worker of the stage: returns the report written next to the artifact. ``parity_tokens``
+    overrides ``params["parity_tokens"]``."""
     torch.manual_seed(0)
     t0 = time.perf_counter()
     model = load_causal_lm(hf_dir)
@@ -259,7 +264,7 @@ def run(
         name=name,
         max_context=params["max_context"],
         opset=params["opset"],
-        check_ids=parity_ids(tokenizer, parity_text, params["parity_tokens"]),
+        check_ids=parity_ids(tokenizer, parity_text, parity_tokens or params["parity_tokens"]),
         tolerance=params["parity_tolerance"],
         prefill_chunk=params["prefill_chunk"],
         attention=params["attention"],
@@ -272,7 +277,7 @@ def run(
         "variant": manifest.variant,
         "load_s": round(load_s, 2),
         "bytes": sum(f.bytes for f in manifest.files.values()),
-        "spec_safe": manifest.spec_safe,
+        "spec_safe": manifest.spec_safe if "gate" in manifest.checks else None,  # None: not gated
         "attention": manifest.attention,
         **manifest.checks,
     }
@@ -291,7 +296,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--report", type=Path, help="JSON report (default: <out>/../export.json)")
     parser.add_argument("--gate-section", default="gate",
                         help="params.yaml's section of spec-safety gate settings (gate_target: the pair's target)")
+    parser.add_argument("--parity-tokens", type=int,
+                        help="tokens of the parity check (default: params.yaml's export.parity_tokens)")
     args = parser.parse_args(argv)
+    if args.parity_tokens is not None and args.parity_tokens < 2:
+        parser.error(f"--parity-tokens {args.parity_tokens}: expected at least 2 tokens")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     all_params = yaml.safe_load(args.params.read_text())
     if args.name not in all_params.get("catalog", {}):
@@ -299,7 +308,8 @@ def main(argv: list[str] | None = None) -> int:
     stop_tokens = tuple(all_params["catalog"][args.name].get("stop_tokens", ()))
     gate = stage_params(args.params, args.gate_section)
     try:
-        report = run(args.hf, args.out, args.name, args.parity_text, all_params["export"], stop_tokens, gate)
+        report = run(args.hf, args.out, args.name, args.parity_text, all_params["export"], stop_tokens, gate,
+                     args.parity_tokens)
     except ParityError as e:
         log.error("%s", e)
         return 1

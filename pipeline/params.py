@@ -24,3 +24,10 @@ def stage_params(path: Path, section: str) -> dict[str, Any]:
         have = ", ".join(k for k, v in params.items() if isinstance(v, dict)) if isinstance(params, dict) else "none"
         raise SystemExit(f"{path}: no section {section!r} (a mapping of settings); sections: {have}")
     return params[section]
+
+
+def gated(gate: dict[str, Any], variant: str) -> bool:
+    """Whether the spec-safety gate settings ``gate`` (a section of params.yaml) run on an artifact of
+    ``variant``: every variant, unless the section names its ``variants``."""
+    variants = gate.get("variants")
+    return variants is None or variant in variants

@@ -5,7 +5,8 @@
 
 1. quantize the decoder graph (``params.yaml: quantize.variants.<variant>``, see quantize_graph);
 2. the spec-safety gate (specrt.spec_gate) on Spec-Bench calibration prompts: the manifest's
-   ``spec_safe`` is its verdict, and the runtime warns when a user speculates on an unsafe variant;
+   ``spec_safe`` is its verdict, and the runtime warns when a user speculates on an unsafe variant
+   (not run where the gate section's ``variants`` leave the variant out: the runtime self-checks);
 3. fidelity against the fp32 source (top-1 agreement, KL; pipeline.fidelity);
 4. a short side-by-side decode benchmark, fp32 vs variant (a benchmark: the stage does not fail on it).
 The folder is written beside ``--out`` and renamed into place when complete (pipeline.atomic).
@@ -37,7 +38,7 @@ from specrt.tree import causal_bias
 from . import fidelity
 from .atomic import staged_dir, write_text_atomic
 from .export import graph_op_types, producer_versions
-from .params import stage_params
+from .params import gated, stage_params
 from .quantize_graph import QuantConfig, load_model, quantize_model, save_model
 from .specbench import calibration_prompts
 
@@ -101,10 +102,15 @@ def quantize_artifact(
     with staged_dir(out) as stage:
         manifest = build_variant(src, source.manifest, stage, variant, config)
         decoder = OrtDecoder(stage / manifest.decoder, manifest.dims, threads=threads)
-        gate = spec_gate.gate_from_params(decoder, prompts, gate_params,
-                                          op_types=graph_op_types(stage / manifest.decoder))
-        log.info("gate: spec_safe=%s, %d disagreements in %d positions", gate["spec_safe"],
-                 gate["disagreements"], gate["positions"])
+        checks = dict(manifest.checks)
+        if gated(gate_params, variant):
+            checks["gate"] = spec_gate.gate_from_params(decoder, prompts, gate_params,
+                                                        op_types=graph_op_types(stage / manifest.decoder))
+            log.info("gate: spec_safe=%s, %d disagreements in %d positions", checks["gate"]["spec_safe"],
+                     checks["gate"]["disagreements"], checks["gate"]["positions"])
+        else:
+            log.info("gate: not run on %s (its section's variants: %s)", variant, gate_params["variants"])
+        gate = checks.get("gate", {})
         reference = OrtDecoder.on(source.graph)
         chunk, n = gate_params["prefill_chunk"], gate_params["new_tokens"]
         sequences = [np.concatenate([p, spec_gate.reference_run(reference, p, n, chunk).tokens]) for p in prompts]
@@ -114,8 +120,8 @@ def quantize_artifact(
                                     steps=bench_steps, rounds=2)
         log.info("decode ms/token (side by side): %s", speed)
         files = {p.name: file_entry(p) for p in sorted(stage.iterdir()) if p.name != MANIFEST_NAME}
-        manifest = replace(manifest, files=files, spec_safe=bool(gate["spec_safe"]),
-                           checks={**manifest.checks, "gate": gate, "fidelity": quality})
+        manifest = replace(manifest, files=files, spec_safe=bool(gate.get("spec_safe", True)),
+                           checks={**checks, "fidelity": quality})
         (stage / MANIFEST_NAME).write_text(manifest.to_json())  # last: a folder without it is refused
     size = sum(f.bytes for f in manifest.files.values())
     return {
@@ -123,9 +129,9 @@ def quantize_artifact(
         "variant": variant,
         "bytes": size,
         "size_vs_source": round(size / sum(f.bytes for f in source.manifest.files.values()), 4),
-        "spec_safe": manifest.spec_safe,
-        "gate_disagreements": gate["disagreements"],
-        "gate_positions": gate["positions"],
+        "spec_safe": manifest.spec_safe if gate else None,  # None: not gated
+        "gate_disagreements": gate.get("disagreements"),
+        "gate_positions": gate.get("positions"),
         "top1_agreement": quality["top1_agreement"],
         "mean_kl": quality["mean_kl"],
         "decode_ms_per_token": speed[variant],

@@ -260,6 +260,11 @@ def peers_section(m: Metrics, rel: str, report: dict[str, Any], level: str) -> l
     return lines + [""]
 
 
+def spec_safe_cell(spec_safe: bool | None) -> str:
+    """A report's ``spec_safe``: None where no gate ran (the runtime self-checks such an artifact)."""
+    return "self-check" if spec_safe is None else "yes" if spec_safe else "no"
+
+
 def quantize_section(m: Metrics, files: Sequence[str]) -> list[str]:
     body = []
     for rel in files:
@@ -268,7 +273,8 @@ def quantize_section(m: Metrics, files: Sequence[str]) -> list[str]:
             continue
         q = r.get("quantization", {})
         body.append([r["model"], r["variant"], str(q.get("method", "-")), f"{r['bytes'] / 2**20:,.0f}",
-                     f"{r['size_vs_source']:.0%}", "yes" if r.get("spec_safe") else "no",
+                     f"{r['size_vs_source']:.0%}", spec_safe_cell(r.get("spec_safe")),
+                     "not run" if r.get("gate_positions") is None else
                      f"{r['gate_disagreements']}/{r['gate_positions']}", number(r["top1_agreement"], 3),
                      number(r["mean_kl"], 4), number(r["decode_ms_per_token"], 1),
                      number(r["source_decode_ms_per_token"], 1), ratio(r["speedup_vs_source"])])
@@ -294,8 +300,8 @@ def export_section(m: Metrics, files: Sequence[str]) -> list[str]:
                      f"{parity.get('chain', {}).get('max_abs_diff', float('nan')):.1e}",
                      f"{parity.get('tree', {}).get('max_abs_diff', float('nan')):.1e}",
                      "ok" if parity.get("ok") else "FAIL",
-                     f"{gate.get('disagreements', '-')}/{gate.get('positions', '-')}",
-                     number(gate.get("max_logit_diff"), 1), "yes" if r.get("spec_safe") else "no",
+                     f"{gate['disagreements']}/{gate['positions']}" if gate else "not run",
+                     number(gate.get("max_logit_diff"), 1), spec_safe_cell(r.get("spec_safe")),
                      str(basis.get("exactness", "-"))])
     if not body:
         return []

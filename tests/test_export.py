@@ -169,3 +169,25 @@ def test_spec_attention_in_torch_equals_the_models_own_attention(tiny_artifact):
     assert len(got) == len(want)
     for g, w in zip(got, want, strict=True):
         torch.testing.assert_close(g, w, atol=1e-5, rtol=1e-4)
+
+
+
+def test_export_skips_the_gate_where_its_section_leaves_fp32_out(tmp_path):
+    from transformers import PreTrainedTokenizerFast
+
+    from pipeline.export import build_artifact, main
+    from tests.helpers import EOS
+    from tests.tiny import tiny_model, tiny_tokenizer
+
+    tokenizer_json = tiny_tokenizer(tmp_path / "tokenizer.json")
+    tokenizer = PreTrainedTokenizerFast(tokenizer_file=str(tokenizer_json), eos_token=EOS)
+    model = tiny_model("qwen2", tokenizer.vocab_size, tokenizer.eos_token_id)
+    gate = {"variants": ["int4"], "new_tokens": 3, "widths": [4], "prefill_chunk": 16}
+    manifest = build_artifact(model, tokenizer, tokenizer_json, tmp_path / "fp32", name="tiny", max_context=64,
+                              opset=20, check_ids=np.arange(24) % tokenizer.vocab_size, tolerance=1e-3,
+                              prefill_chunk=16, gate=gate)
+    assert manifest.checks["parity"]["ok"] and "gate" not in manifest.checks
+    assert "gate" not in read_manifest(tmp_path / "fp32").checks  # the runtime self-checks it (test_quantize)
+    with pytest.raises(SystemExit):
+        main(["--hf", str(tmp_path), "--out", str(tmp_path / "x"), "--name", "tiny", "--parity-text", "q.jsonl",
+              "--parity-tokens", "1"])

@@ -296,3 +296,26 @@ def test_quantize_stage_reads_the_gate_section_it_is_given(tiny_qwen2, tmp_path)
     assert positions["gate_target"] < positions["gate"]
     with pytest.raises(SystemExit, match=r"no section 'gate_pair' .*sections: quantize, gate, gate_target"):
         main([*base, "--out", str(tmp_path / "x"), "--report", str(tmp_path / "x.json"), "--gate-section", "gate_pair"])
+
+
+def test_a_gate_section_that_leaves_the_variant_out_records_no_verdict_and_the_runtime_self_checks(
+        tiny_qwen2, tmp_path, monkeypatch):
+    import json
+
+    from pipeline.quantize import main
+
+    monkeypatch.setenv("SPECRT_CACHE_DIR", str(tmp_path / "cache"))
+    params = tmp_path / "params.yaml"
+    params.write_text("quantize: {bench_steps: 1, threads: null, "
+                      "variants: {int4: {method: specrt_q4, lm_head_bits: 4}}}\n"
+                      "gate: {variants: [int8], prompts_per_task: 1, max_prompt_tokens: 64, new_tokens: 3, "
+                      "widths: [4], prefill_chunk: 16}\n")
+    report = tmp_path / "int4.json"
+    main(["--src", str(tiny_qwen2[0]), "--variant", "int4", "--prompts", str(specbench_questions(tmp_path / "q.jsonl")),
+          "--params", str(params), "--out", str(tmp_path / "int4"), "--report", str(report)])
+    written = json.loads(report.read_text())
+    assert (written["spec_safe"], written["gate_disagreements"], written["gate_positions"]) == (None, None, None)
+    assert written["top1_agreement"] is not None  # fidelity still measured on the section's prompts
+    model = specrt.load(tmp_path / "int4")
+    assert "gate" not in model.manifest.checks
+    assert model.spec_safety().source == "self-check" and model.spec_safety().spec_safe
