@@ -65,7 +65,7 @@ class BuildKernels(build_ext):
 setup(
     ext_modules=[
         Extension(
-            "specrt._kernels",
+            "specrt.backend._kernels",
             sources=[str(KERNELS / name) for name in (
                 "ort_glue.cc", "spec_attention_op.cc", "rotary.cc", "kernel_scalar.cc", "kernel_avx2.cc", "kernel_avx512.cc",
                 "matmul_q4_op.cc", "matmul_q4_scalar.cc", "matmul_q4_avx2.cc", "matmul_q4_avx512.cc",

@@ -17,7 +17,7 @@ baseline runs with 31 runs between them missed those by 6.7-10.8% on average, of
 between them by 2.8-4.5% (docs/benchmark.md). Prefill time is reported apart: the
 baseline's cold prefill of each prompt, for every run. The stages load the model with a prefix cache
 (``PREFIX_CACHE_MB``), so every method run reuses the baseline's prompt KV instead of running the
-same prefill passes again (bit for bit the same rows: specrt.prefix_cache). Greedy runs are compared
+same prefill passes again (bit for bit the same rows: specrt.engine.prefix_cache). Greedy runs are compared
 with the baseline token for token; sampled runs are lossless in distribution, which the statistical
 tests check, not this benchmark.
 """
@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 
 import specrt
-from specrt.engine import LoopStats
+from specrt.engine.loop import LoopStats
 
 from .specbench import first_per_task, read_questions
 

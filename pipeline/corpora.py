@@ -12,7 +12,7 @@ Sources (no model hub needed), each cut at ``max_tokens`` (params.yaml, section 
   way and checked against its ``sha256``: its ``.py`` files in sorted path order, test folders
   left out. The same text whatever Python runs the stage.
 
-Writes the datastore folder (``specrt.datastore``: tokens, suffix array, static suffix automaton,
+Writes the datastore folder (``specrt.drafters.indexes.datastore``: tokens, suffix array, static suffix automaton,
 manifest with the tokenizer's sha256) and a metrics JSON: each source's package pin and archive
 sha256, sizes, build times, and the lookup latency and acceptance of the retrieval drafters
 replayed over held-out documents of each source (no model runs: the document is the target's
@@ -39,12 +39,12 @@ import numpy as np
 import yaml
 from tokenizers import Tokenizer
 
-from specrt.datastore import SEPARATOR, open_datastore, write_datastore
 from specrt.drafters.base import Drafter, Feedback
+from specrt.drafters.indexes.datastore import SEPARATOR, open_datastore, write_datastore
 from specrt.drafters.rest import Rest
 from specrt.drafters.sam import AcceptanceModel, AdaptiveSam, SamDecoding
-from specrt.manifest import sha256_file
-from specrt.verify import walk_greedy
+from specrt.engine.accept import walk_greedy
+from specrt.files import sha256_file
 
 from .atomic import staged_dir, write_text_atomic
 from .weights import PackageSpec, fetch_package

@@ -4,7 +4,7 @@
     attention_bias ──┬──────────────────────────► full-attention layers          └──► hidden_states
                      └─ sliding_bias(window) ──► sliding-window layers    present K/V (new slots only)
 
-The contract (tensor names, shapes, layouts) lives in ``specrt.contract``; this module only
+The contract (tensor names, shapes, layouts) lives in ``specrt.backend.contract``; this module only
 implements it with torch. Sliding-window layers get the bias with every key further than the
 window masked too, computed in the graph from ``position_ids`` and the cache invariant "slot j
 holds position j", so one bias input stays exact on prompts longer than the window.
@@ -23,8 +23,8 @@ from pipeline.fuse_graph import fuse_for_ort
 from pipeline.fuse_kernels import fuse_for_kernels
 from pipeline.grouped_attention import grouped_attention_of
 from pipeline.spec_attention import spec_attention_of, translation_table
-from specrt import contract
-from specrt.manifest import ModelDims
+from specrt.backend import contract
+from specrt.backend.manifest import ModelDims
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +58,7 @@ def sliding_bias(attention_bias: torch.Tensor, position_ids: torch.Tensor, windo
 
 
 class DecoderForExport(nn.Module):
-    """``forward(input_ids, position_ids, attention_bias, *past)`` per ``specrt.contract``.
+    """``forward(input_ids, position_ids, attention_bias, *past)`` per ``specrt.backend.contract``.
 
     past: num_layers pairs (key, value), each [1, past, kv_heads, head_dim].
     Returns (logits [1, s, vocab], key_0, value_0, ..., hidden_states [1, s, hidden]); the K/V
@@ -154,7 +154,7 @@ def example_inputs(dims: ModelDims, s: int = 3, past: int = 5) -> tuple[torch.Te
 
 
 def export_onnx(model: PreTrainedModel, dims: ModelDims, path: Path, opset: int, attention: str = "specrt") -> None:
-    """Export ``model`` to ``path`` (+ ``path.data``, external weights) per ``specrt.contract``.
+    """Export ``model`` to ``path`` (+ ``path.data``, external weights) per ``specrt.backend.contract``.
 
     attention: "specrt" (one SpecAttention node per layer, run by specrt's kernel library on the CPU;
     pipeline.spec_attention) or "portable" (standard and com.microsoft operators only, for the CUDA

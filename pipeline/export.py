@@ -27,10 +27,11 @@ import torch
 import yaml
 from transformers import AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
-from specrt import contract
-from specrt.backend import OrtDecoder
-from specrt.manifest import MANIFEST_NAME, ChatTemplate, ChatTemplateFile, Manifest, file_entry
-from specrt.spec_gate import gate_from_params
+from specrt.backend import contract
+from specrt.backend.manifest import MANIFEST_NAME, ChatTemplate, ChatTemplateFile, Manifest
+from specrt.backend.session import OrtDecoder
+from specrt.engine.spec_gate import gate_from_params
+from specrt.files import file_entry
 
 from .atomic import staged_dir, write_text_atomic
 from .checkpoint import load_causal_lm
@@ -174,12 +175,12 @@ def _write_artifact(
     gate_prompts: list[np.ndarray] | None = None,
     gate: dict[str, Any] | None = None,
 ) -> Manifest:
-    """Export, copy the tokenizer, check parity and run the spec-safety gate (specrt.spec_gate)
+    """Export, copy the tokenizer, check parity and run the spec-safety gate (specrt.engine.spec_gate)
     into the empty folder ``out``, then write the manifest, or ``parity_failed.json`` instead when
     parity is off (``checks["parity"]["ok"]``). The gate runs on ``gate_prompts`` with ``gate``
     settings (params.yaml: gate); by default on the first half of ``check_ids``, briefly. Where
     ``gate`` names its ``variants`` without ``variant``, no gate runs: the manifest records no verdict,
-    and the runtime runs its self-check before the first speculative request (specrt.verdict)."""
+    and the runtime runs its self-check before the first speculative request (specrt.backend.verdict)."""
     model = model.float().eval()
     max_context = min(max_context, getattr(model.config, "max_position_embeddings", max_context))
     dims = model_dims(model, max_context)

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from specrt.backend import OrtDecoder
-from specrt.prefill import prefill
+from specrt.backend.prefill import prefill
+from specrt.backend.session import OrtDecoder
 
 
 def _log_softmax(logits: np.ndarray) -> np.ndarray:  # [t, vocab] -> [t, vocab]

@@ -19,7 +19,7 @@ import onnx_ir as ir
 import onnx_ir.passes.common  # noqa: F401  (ir.passes.common)
 
 from pipeline.fuse_graph import take_over
-from specrt import kernels
+from specrt.backend import kernels
 
 log = logging.getLogger(__name__)
 

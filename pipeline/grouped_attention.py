@@ -33,7 +33,7 @@ kernel rounds like their many-row kernel: on the AVX-512 machines we measured, n
 ones, where only the W8A8 variant's integer MatMuls are exact (docs/quantization.md). Trees need one more rule:
 onnxruntime's SGEMM sums the keys in blocks of 128 (fused multiply-adds inside a block, one rounding
 more where blocks meet), and a tree puts a path's keys at other slots than the single steps do, so
-the runtime keeps a tree window's nodes inside one key block (``specrt.tree.fit_window``: at most
+the runtime keeps a tree window's nodes inside one key block (``specrt.backend.window.fit_window``: at most
 once per 128 positions a tree is cut). Without it, the real model's gate saw one tree window
 straddle slot 128 and move a row's logits by 0.2. tests/test_quantize.py checks the int4 level-4
 graph bit for bit, chains and trees.

@@ -13,9 +13,10 @@ import numpy as np
 import torch
 from transformers import PreTrainedModel
 
-from specrt.backend import OrtDecoder
-from specrt.prefill import prefill
-from specrt.tree import DraftTree, flatten
+from specrt.backend.prefill import prefill
+from specrt.backend.session import OrtDecoder
+from specrt.backend.window import flatten
+from specrt.tree import DraftTree
 
 
 @torch.no_grad()

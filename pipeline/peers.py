@@ -698,7 +698,7 @@ def metrics(report: dict[str, Any]) -> dict[str, Any]:
 
 def artifact_variant(folder: Path) -> str:
     """The variant (``fp32``, ``int8``, ``int4``) of a specrt artifact folder, from its manifest."""
-    from specrt.manifest import read_manifest
+    from specrt.backend.manifest import read_manifest
 
     return read_manifest(Path(folder), check_hashes=False).variant
 

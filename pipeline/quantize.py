@@ -4,7 +4,7 @@
         --prompts ../shared/data/specbench/question.jsonl --params params.yaml --report artifacts/M/int4.json
 
 1. quantize the decoder graph (``params.yaml: quantize.variants.<variant>``, see quantize_graph);
-2. the spec-safety gate (specrt.spec_gate) on Spec-Bench calibration prompts: the manifest's
+2. the spec-safety gate (specrt.engine.spec_gate) on Spec-Bench calibration prompts: the manifest's
    ``spec_safe`` is its verdict, and the runtime warns when a user speculates on an unsafe variant
    (not run where the gate section's ``variants`` leave the variant out: the runtime self-checks);
 3. fidelity against the fp32 source (top-1 agreement, KL; pipeline.fidelity);
@@ -28,12 +28,13 @@ import numpy as np
 import yaml
 from tokenizers import Tokenizer
 
-from specrt import spec_gate
-from specrt.backend import OrtDecoder
-from specrt.manifest import MANIFEST_NAME, Manifest, file_entry, read_manifest
+from specrt.backend.manifest import MANIFEST_NAME, Manifest, read_manifest
+from specrt.backend.prefill import prefill
+from specrt.backend.session import OrtDecoder
+from specrt.backend.window import causal_bias
+from specrt.engine import spec_gate
+from specrt.files import file_entry
 from specrt.model import load
-from specrt.prefill import prefill
-from specrt.tree import causal_bias
 
 from . import fidelity
 from .atomic import staged_dir, write_text_atomic

@@ -161,7 +161,7 @@ def _body_and_head_nbits(model: onnx.ModelProto, config: QuantConfig, head: str)
 
 def _specrt_q4(model: onnx.ModelProto, exclude: list[str]) -> None:
     """Replace, in place, each MatMul with a constant [K, N] weight (K a multiple of 32) by MatMulQ4."""
-    from specrt import kernels
+    from specrt.backend import kernels
 
     from .q4_pack import BLOCK, pack_q4, quantize_q4
 

@@ -20,7 +20,7 @@ import onnx
 import onnxruntime as ort
 from onnx import TensorProto, external_data_helper, helper, numpy_helper
 
-from specrt.manifest import Manifest
+from specrt.backend.manifest import Manifest
 
 GIB = 2**30
 

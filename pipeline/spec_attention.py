@@ -25,7 +25,7 @@ import torch
 from onnx.defs import OpSchema
 from transformers import PreTrainedModel
 
-from specrt import kernels
+from specrt.backend import kernels
 
 # Attention modules whose forward is q/k/v projections (+ optional per-head q_norm/k_norm),
 # rotate-half rotary from position_embeddings, softmax attention with the layer's mask, o_proj.

@@ -15,8 +15,8 @@ import json
 import sys
 from pathlib import Path
 
+from specrt.backend.manifest import MANIFEST_NAME, read_manifest
 from specrt.errors import ArtifactError
-from specrt.manifest import MANIFEST_NAME, read_manifest
 
 
 def _lossless_verdict(path: Path) -> str:

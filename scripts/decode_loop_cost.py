@@ -67,7 +67,7 @@ def _genai(folder: Path, prompt: np.ndarray, new: int, threads: int | None, repe
 
 
 def _genai_graph(folder: Path, prompt: np.ndarray, new: int, threads: int | None, repeats: int) -> list[float]:
-    from specrt.backend import make_session
+    from specrt.backend.session import make_session
 
     session = make_session(genai_decoder_file(folder), "cpu", threads)
     capacity = len(prompt) + new

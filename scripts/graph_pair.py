@@ -31,7 +31,7 @@ def pair_parser(description: str, subjects: tuple[str, ...]) -> argparse.Argumen
 def random_prompt(args: argparse.Namespace) -> np.ndarray:
     """[args.prompt_tokens] int64 ids, the same in every worker: drawn from ids 1000-20000 of the
     artifact's vocabulary (clear of the special tokens at its top), or all of a smaller one."""
-    from specrt.manifest import read_manifest
+    from specrt.backend.manifest import read_manifest
 
     vocab = read_manifest(args.artifact, check_hashes=False).dims.vocab
     low, high = (1000, 20000) if vocab > 20000 else (0, vocab)
@@ -77,7 +77,7 @@ def bind_genai_kv(
 def raw_prefill(decoder: Any, prompt: np.ndarray, capacity: int) -> int:
     """Reset specrt's ``decoder`` (an OrtDecoder) to ``capacity`` positions and run ``prompt``
     through it; returns the greedy first token."""
-    from specrt.prefill import prefill
+    from specrt.backend.prefill import prefill
 
     decoder.reset(capacity)
     *_, last = prefill(decoder, prompt, len(prompt), last_logits_only=True)
@@ -87,7 +87,7 @@ def raw_prefill(decoder: Any, prompt: np.ndarray, capacity: int) -> int:
 def raw_step(decoder: Any, token: int) -> int:
     """One plain greedy step on specrt's ``decoder`` with no loop around it: forward ``token``,
     commit it, return the next token."""
-    from specrt.tree import causal_bias
+    from specrt.backend.window import causal_bias
 
     past = decoder.past
     step = decoder.forward(np.array([token]), np.array([past]), causal_bias(past, 1))

@@ -47,7 +47,7 @@ SUBJECTS = ("specrt", "genai")
 def _profiled_session(path: Path, threads: int | None, prefix: str):  # -> ort.InferenceSession
     import onnxruntime as ort
 
-    from specrt import kernels
+    from specrt.backend import kernels
 
     options = ort.SessionOptions()
     kernels.register(options)  # SpecAttention graphs
@@ -62,9 +62,9 @@ def _profiled_session(path: Path, threads: int | None, prefix: str):  # -> ort.I
 
 def _run_specrt(folder: Path, prompt: np.ndarray, new: int, threads: int | None, prefix: str) -> str:
     import specrt
-    import specrt.backend
+    import specrt.backend.session
 
-    specrt.backend.make_session = lambda path, provider, t: _profiled_session(path, t, prefix)
+    specrt.backend.session.make_session = lambda path, provider, t: _profiled_session(path, t, prefix)
     model = specrt.load(folder, threads=threads)
     decoder = model.generate_ids(prompt, method="baseline", max_new_tokens=1)[1].decoder
     token = raw_prefill(decoder, prompt, len(prompt) + new + 1)

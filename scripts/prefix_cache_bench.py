@@ -4,7 +4,7 @@
         --prompts ../shared/data/specbench/question.jsonl --threads 2        # from the repo root
 
 Three cases per Spec-Bench question (first turns of the first ``--questions``), each behind the
-same long system prompt (the first ``--system-tokens`` tokens of runtime/specrt/engine.py, as an
+same long system prompt (the first ``--system-tokens`` tokens of runtime/specrt/engine/loop.py, as an
 assistant that answers about a code base would send):
 
     cold     a model without the cache
@@ -48,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
 
     cold = specrt.load(args.model, threads=args.threads)
     cached = specrt.load(args.model, threads=args.threads, prefix_cache_mb=1024)
-    system = cold.encode((REPO / "runtime/specrt/engine.py").read_text())[: args.system_tokens]
+    system = cold.encode((REPO / "runtime/specrt/engine/loop.py").read_text())[: args.system_tokens]
     questions = read_questions(args.prompts)[: args.questions + 1]
     prompts = [np.concatenate([system, cold.encode(q.turns[0], chat=cold.manifest.chat is not None)])
                for q in questions]

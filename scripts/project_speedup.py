@@ -42,8 +42,8 @@ from pipeline.specbench import TASKS, read_questions
 from scripts.copy_ceiling import copy_ceiling
 from specrt.backoff import Backoff
 from specrt.cost import VerifyCostModel
-from specrt.datastore import STATE_KEY as DATASTORE_STATE_KEY
 from specrt.drafters import METHODS, NEEDS_DRAFT, DrafterEnv
+from specrt.drafters.indexes.datastore import STATE_KEY as DATASTORE_STATE_KEY
 from specrt.simulate import Record, record_generation, simulate
 
 # Methods whose drafters read the verify pass's logits or hidden states (Feedback), which a replay
@@ -142,7 +142,7 @@ def main(argv: list[str] | None = None) -> None:
                 for task, rec in records:
                     if len(rec.output_ids) < 2:
                         continue
-                    result = simulate(METHODS[method], rec.prompt_ids, rec.output_ids,
+                    result = simulate(METHODS[method].make, rec.prompt_ids, rec.output_ids,
                                       args.budget, max_new_tokens=rec.max_new_tokens, env=env, backoff=backoff)
                     tokens[task] += result.decode_tokens
                     spent[task] += result.verify_cost(ratio)

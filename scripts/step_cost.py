@@ -27,8 +27,8 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
-from specrt.backend import make_session
-from specrt.manifest import read_manifest
+from specrt.backend.manifest import read_manifest
+from specrt.backend.session import make_session
 
 
 def _feeds(session: ort.InferenceSession, past: int, kv_heads: int, head_dim: int, genai: bool) -> dict:

@@ -23,9 +23,9 @@ from pathlib import Path
 
 import numpy as np
 
-from specrt.backend import DecoderSession, OrtDecoder
-from specrt.manifest import read_manifest
-from specrt.tree import causal_bias
+from specrt.backend.manifest import read_manifest
+from specrt.backend.session import DecoderSession, OrtDecoder
+from specrt.backend.window import causal_bias
 
 
 def window_cost(

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-from specrt.manifest import file_entry
+from specrt.files import file_entry
 
 ARCHS = ("qwen2", "llama", "gemma3")
 VOCAB = 320
@@ -60,7 +60,8 @@ def ctx(*tokens: int) -> np.ndarray:
 
 
 def as_lists(tree) -> tuple[list[int], list[int]]:
-    """(token ids, parents) of a draft tree (specrt.tree.DraftTree, specrt.suffix_tree.Draft) as lists."""
+    """(token ids, parents) of a draft tree (specrt.tree.DraftTree, specrt.drafters.indexes.suffix_tree.Draft)
+    as lists."""
     return tree.token_ids.tolist(), tree.parents.tolist()
 
 

@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 import specrt
-from specrt.backend import OrtDecoder
+from specrt.backend.manifest import read_manifest
+from specrt.backend.session import OrtDecoder
 from specrt.backoff import Backoff
 from specrt.cost import VerifyCostModel
 from specrt.drafters import DrafterEnv, Feedback
@@ -18,7 +19,6 @@ from specrt.drafters.auto import PROBE_EVERY, PROBE_SHARE, Auto, AutoConfig, Mem
 from specrt.drafters.pld import PromptLookup
 from specrt.drafters.suffix_decoding import SuffixDecoding
 from specrt.errors import InvalidRequestError
-from specrt.manifest import read_manifest
 from specrt.sampling import SamplingParams
 from specrt.simulate import simulate
 from specrt.tree import DraftTree

@@ -18,13 +18,15 @@ import onnxruntime as ort
 import pytest
 
 import specrt
-from specrt import InvalidRequestError, backend
-from specrt.backend import OrtDecoder
+from specrt import InvalidRequestError
+from specrt.backend import session as backend
+from specrt.backend.gather import Block, RowGather, gather_graph
+from specrt.backend.kvstore import DeviceKV, HostKV
+from specrt.backend.prefill import prefill
+from specrt.backend.session import OrtDecoder
+from specrt.backend.window import causal_bias, flatten
 from specrt.cli import main as cli_main
-from specrt.gather import Block, RowGather, gather_graph
-from specrt.kvstore import DeviceKV, HostKV
-from specrt.prefill import prefill
-from specrt.tree import DraftTree, causal_bias, flatten
+from specrt.tree import DraftTree
 from tests.helpers import PROMPTS
 
 CUDA = "CUDAExecutionProvider" in ort.get_available_providers()

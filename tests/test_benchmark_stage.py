@@ -13,7 +13,7 @@ from pipeline.bench import Prompt, Tally
 from pipeline.benchmark import baseline_speed, chat_renderer, conversation_prompts, histogram, main, methods_to_run
 from pipeline.roofline import kv_bytes_per_position, roofline, weight_bytes
 from pipeline.specbench import Question
-from specrt.manifest import read_manifest
+from specrt.backend.manifest import read_manifest
 from tests.helpers import PROMPTS
 
 

@@ -7,7 +7,7 @@ import pytest
 from threadpoolctl import ThreadpoolController
 
 import specrt
-from specrt.blas import BlasGuard
+from specrt.backend.blas import BlasGuard
 from specrt.tree import DraftTree
 from tests.tiny import build_tiny_artifact
 

@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 
 import specrt
+from specrt.backend.manifest import ChatTemplateFile
 from specrt.chat import ChatRenderer, Message, messages
 from specrt.errors import ArtifactError, InvalidRequestError, MissingDependencyError
-from specrt.manifest import ChatTemplateFile
 from tests.helpers import EOS, QWEN25_CHAT_TEMPLATE, with_chat
 
 QWEN = QWEN25_CHAT_TEMPLATE.read_text()

@@ -1,5 +1,5 @@
-"""The retrieval datastore (specrt.datastore), the suffix automata (specrt.suffix_automaton) and
-the corpora stage's parsing (pipeline.corpora)."""
+"""The retrieval datastore (specrt.drafters.indexes.datastore), the suffix automata
+(specrt.drafters.indexes.suffix_automaton) and the corpora stage's parsing (pipeline.corpora)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,8 @@ from hypothesis import strategies as st
 
 from pipeline import corpora
 from pipeline.corpora import json_records, python_sources, sharegpt_turns, take_tokens
-from specrt.datastore import (
+from specrt.drafters.base import DrafterEnv, datastore_for
+from specrt.drafters.indexes.datastore import (
     MANIFEST_NAME,
     SEPARATOR,
     TOKENS_FILE,
@@ -26,9 +27,8 @@ from specrt.datastore import (
     suffix_array,
     write_datastore,
 )
-from specrt.drafters.base import DrafterEnv, datastore_for
+from specrt.drafters.indexes.suffix_automaton import ROOT, SuffixAutomaton, advance, build, match_states
 from specrt.errors import ArtifactError, InvalidRequestError
-from specrt.suffix_automaton import ROOT, SuffixAutomaton, advance, build, match_states
 
 SHA_A = "a" * 64
 SHA_B = "b" * 64

@@ -22,7 +22,11 @@ import pytest
 from tokenizers import Tokenizer
 
 import specrt
-from specrt.backend import OrtDecoder
+from specrt.backend.draft_model import OrtDraftModel
+from specrt.backend.manifest import read_manifest
+from specrt.backend.prefill import prefill
+from specrt.backend.session import OrtDecoder
+from specrt.drafters import Method
 from specrt.drafters.base import DrafterEnv, Feedback
 from specrt.drafters.draft_model import (
     PROBE_EVERY,
@@ -35,8 +39,7 @@ from specrt.drafters.draft_model import (
     make_sd,
 )
 from specrt.errors import ArtifactError, InvalidRequestError
-from specrt.manifest import file_entry, read_manifest
-from specrt.prefill import prefill
+from specrt.files import file_entry
 from specrt.sampling import SamplingParams, target_probs
 from specrt.tree import DraftTree
 from tests.helpers import PROMPTS, chi2_pvalue
@@ -53,15 +56,20 @@ class Pair:
     target: specrt.SpecModel
     target_folder: Path
     draft_folder: Path
-    draft: OrtDecoder  # one draft cache, reset by each drafter's begin
+    draft: OrtDraftModel  # one draft cache, reset by each drafter's begin
 
-    def fresh_draft(self) -> OrtDecoder:
+    def fresh_draft(self) -> OrtDraftModel:
         manifest = read_manifest(self.draft_folder)
-        return OrtDecoder(self.draft_folder / manifest.decoder, manifest.dims)
+        return OrtDraftModel(OrtDecoder(self.draft_folder / manifest.decoder, manifest.dims))
 
     def drafter(self, acceptance: str = "sd", *, tree: bool = False, sampling=None, seed=None, **options):
         env = dataclasses.replace(self.target.drafter_env(tree), sampling=sampling, seed=seed)
         return DraftModelDrafter(self.draft, env, acceptance=acceptance, **options)
+
+
+def with_rule(drafter: DraftModelDrafter, acceptance: str) -> Method:
+    """``drafter`` as a request's method whose accept rule is ``acceptance`` (a registry entry's)."""
+    return Method(lambda env: drafter, accept=acceptance)
 
 
 @pytest.fixture(scope="module")
@@ -69,7 +77,8 @@ def pair(tmp_path_factory) -> Pair:
     target_folder, draft_folder = build_tiny_pair(tmp_path_factory.mktemp("tiny-pair"))
     target = specrt.load(target_folder)
     manifest = read_manifest(draft_folder)
-    return Pair(target, target_folder, draft_folder, OrtDecoder(draft_folder / manifest.decoder, manifest.dims))
+    return Pair(target, target_folder, draft_folder,
+                OrtDraftModel(OrtDecoder(draft_folder / manifest.decoder, manifest.dims)))
 
 
 @pytest.fixture(scope="module")
@@ -110,9 +119,8 @@ class Checked:
     the last drafted token and the bonus); at ``propose`` the first drafted position's q (greedy:
     token) equals a fresh draft model's on the whole context."""
 
-    def __init__(self, inner: DraftModelDrafter, fresh: OrtDecoder):
+    def __init__(self, inner: DraftModelDrafter, fresh: OrtDraftModel):
         self.inner, self.fresh = inner, fresh
-        self.verifier = inner.verifier
         self.context = np.zeros(0, np.int64)
         self.observed = self.forward_proposals = 0
 
@@ -120,11 +128,11 @@ class Checked:
         self.inner.begin(prompt, hidden_states)
 
     def propose(self, context: np.ndarray, budget: int) -> DraftTree:
-        self.forward_proposals += self.verifier.forward_levels > 0
+        self.forward_proposals += self.inner.open_levels > 0
         tree = self.inner.propose(context, budget)
         self.context = context
         self.fresh.reset(len(context) + 1)
-        *_, last = prefill(self.fresh, context, 256)
+        *_, last = prefill(self.fresh.decoder, context, 256)
         z = last.logits[-1]  # [vocab] the draft's logits after the whole context
         if tree.draft_probs is None:
             assert tree.token_ids[0] == np.argmax(z)
@@ -149,8 +157,8 @@ def test_draft_cache_stays_aligned(pair, acceptance, tree, sampling):
     observed = forward_proposals = 0
     for i, prompt in enumerate(PROMPTS[:4]):  # prompt 2 ends at once under greedy decoding (EOS)
         drafter = Checked(pair.drafter(acceptance, tree=tree, sampling=sampling, seed=i, gamma=3), pair.fresh_draft())
-        pair.target.generate(prompt, method=drafter, tree=tree, max_new_tokens=30, temperature=temperature,
-                             top_k=top_k, seed=i)  # fmt: skip
+        pair.target.generate(prompt, method=with_rule(drafter, acceptance), tree=tree, max_new_tokens=30,
+                             temperature=temperature, top_k=top_k, seed=i)  # fmt: skip
         observed, forward_proposals = observed + drafter.observed, forward_proposals + drafter.forward_proposals
     assert observed > 20
     if acceptance == "hsd" and sampling is not None:
@@ -190,27 +198,21 @@ def test_sampling_emits_the_target_distribution(pair, method):
     law = target_law(pair, prompt_ids, 3)
     counts: Counter = Counter()
     for seed in range(SEEDS):
-        drafter = "pld" if method == "pld" else pair.drafter(method, sampling=SAMPLING, seed=seed, gamma=2)
+        drafter = "pld" if method == "pld" else with_rule(pair.drafter(method, sampling=SAMPLING, seed=seed, gamma=2),
+                                                          method)
         ids, _ = pair.target.generate_ids(prompt_ids, method=drafter, max_new_tokens=4, temperature=1.0,
                                           top_k=SAMPLING.top_k, seed=seed)  # fmt: skip
         counts[tuple(ids[:3].tolist())] += 1
     assert chi2_pvalue(counts, law) > ALPHA, (counts.most_common(8), sorted(law.items(), key=lambda kv: -kv[1])[:8])
 
 
-class WithoutVerifier:
-    """A drafter that samples its drafts (``draft_probs``) but names no accept rule."""
-
-    def __init__(self, inner: DraftModelDrafter):
-        self.begin, self.propose, self.observe = inner.begin, inner.propose, inner.observe
-
-
-def test_sampled_trees_without_a_named_rule_get_recursive_rejection_sampling(pair):
-    # the engine's fallback for draft_probs without a verifier is the rule Verifier("sd") uses on
-    # trees: the same seeds give the same tokens
+def test_a_drafter_instance_s_sampled_trees_get_the_sd_rule(pair):
+    # a Drafter passed as method= names no rule: its sampled trees get the sd rule (multi-candidate
+    # recursive rejection sampling), as a Method that names it: the same seeds give the same tokens
     prompt_ids = pair.target.encode(PROMPTS[3])
     for seed in range(4):
         runs = []
-        for wrap in (lambda d: d, WithoutVerifier):
+        for wrap in (lambda d: d, lambda d: with_rule(d, "sd")):
             drafter = wrap(pair.drafter("sd", tree=True, sampling=SAMPLING, seed=seed, gamma=3, branch_below=0.9))
             ids, _ = pair.target.generate_ids(prompt_ids, method=drafter, tree=True, max_new_tokens=12,
                                               temperature=1.0, top_k=SAMPLING.top_k, seed=seed)  # fmt: skip
@@ -292,7 +294,7 @@ def test_factories_need_a_draft_model(pair):
     for make in (make_sd, make_hsd, make_hsd_capped):
         with pytest.raises(InvalidRequestError, match="needs a draft model"):
             make(env)
-    env = dataclasses.replace(env, draft_decoder=pair.fresh_draft)
+    env = dataclasses.replace(env, draft_model=pair.fresh_draft)
     made = [make(env) for make in (make_sd, make_hsd, make_hsd_capped)]
     assert [d.acceptance for d in made] == list(ACCEPTANCE) and all(d.adaptive for d in made)
 

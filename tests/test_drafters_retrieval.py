@@ -13,9 +13,9 @@ from hypothesis import strategies as st
 
 import specrt
 from pipeline.corpora import build_from_texts
-from specrt.datastore import open_datastore, write_datastore
 from specrt.drafters import rest, sam
 from specrt.drafters.base import DrafterEnv, Feedback
+from specrt.drafters.indexes.datastore import open_datastore, write_datastore
 from specrt.drafters.rest import Rest, frequency_tree
 from specrt.drafters.sam import AcceptanceModel, AdaptiveSam, SamDecoding
 from specrt.errors import ArtifactError, InvalidRequestError

@@ -10,11 +10,12 @@ import torch
 
 from pipeline.decoder_graph import sliding_bias
 from pipeline.parity import torch_logits
-from specrt import contract, verdict
-from specrt.backend import OrtDecoder
-from specrt.manifest import read_manifest
-from specrt.prefill import prefill
-from specrt.tree import DraftTree, flatten
+from specrt.backend import contract, verdict
+from specrt.backend.manifest import read_manifest
+from specrt.backend.prefill import prefill
+from specrt.backend.session import OrtDecoder
+from specrt.backend.window import flatten
+from specrt.tree import DraftTree
 from tests.helpers import GEMMA_WINDOW
 
 TOLERANCE = 1e-3

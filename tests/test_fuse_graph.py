@@ -12,7 +12,7 @@ import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
 from pipeline.fuse_graph import concat_sibling_matmuls, fuse_rotary
-from specrt.manifest import read_manifest
+from specrt.backend.manifest import read_manifest
 
 
 def _run(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:

@@ -15,7 +15,7 @@ import torch
 
 from pipeline.fuse_graph import fuse_transposed_operands
 from pipeline.grouped_attention import grouped_attention
-from specrt import contract
+from specrt.backend import contract
 
 HEADS, KV, D = 14, 2, 64  # Qwen2.5-0.5B's attention
 

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
 
 from pipeline.q4_pack import dequantize_q4, pack_q4, quantize_q4, unpack_q4
-from specrt import kernels
+from specrt.backend import kernels
 from tests.test_spec_attention import isas
 
 pytestmark = pytest.mark.skipif(kernels.library_path() is None, reason="specrt's kernel library is not built")
@@ -227,7 +227,7 @@ def test_quantize_q4_refuses_a_k_that_is_not_whole_blocks():
 
 
 def test_a_graph_with_float32_scales_is_refused_with_the_fix(tmp_path):
-    from specrt.backend import make_session
+    from specrt.backend.session import make_session
 
     packed, scales = pack_q4(*quantize_q4(np.ones((64, 40), np.float32)))
     path = tmp_path / "decoder.onnx"

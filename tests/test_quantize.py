@@ -12,8 +12,8 @@ import specrt
 from pipeline.lossless import compare_methods
 from pipeline.quantize import quantize_artifact
 from pipeline.quantize_graph import QuantConfig, fold_tied_lm_head, lm_head_node, quantize_model
-from specrt.backend import OrtDecoder
-from specrt.spec_gate import reference_run, run_gate
+from specrt.backend.session import OrtDecoder
+from specrt.engine.spec_gate import reference_run, run_gate
 from tests.helpers import PROMPTS, specbench_questions
 
 GATE = {"new_tokens": 16, "widths": [4], "prefill_chunk": 16}
@@ -227,7 +227,7 @@ def test_level4_int4_gate_measures_what_the_cpu_kernels_do(tiny_artifact, tmp_pa
     # grouped attention keeps every attention product at M >= 2 and every other op row-wise, so a
     # position's logits differ between a window and a single step only where MatMulNBits's one-row
     # kernel rounds differently from its many-row one: bit for bit equal where the kernels agree
-    # (chains and trees; trees kept inside one key block by specrt.tree.fit_window; the long prompt
+    # (chains and trees; trees kept inside one key block by specrt.backend.window.fit_window; the long prompt
     # makes windows cross slot 128), and a difference the gate records where they do not (the w8a8
     # variant is exact on every CPU: tests/test_w8a8.py)
     src = tiny_artifact[0]
@@ -268,7 +268,7 @@ def test_specrt_q4_folds_a_bias_add_into_the_product():
     _specrt_q4(model, exclude=[])
     assert [(n.op_type, len(n.input)) for n in model.graph.node] == [("MatMulQ4", 4), ("MatMulQ4", 3), ("Add", 2)]
     options = ort.SessionOptions()
-    specrt.kernels.register(options, required=True)
+    specrt.backend.kernels.register(options, required=True)
     feed = {"x": rng.standard_normal((3, 64)).astype(np.float32), "c": np.zeros(40, np.float32)}
     y, z = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"]).run(None, feed)
     del model.graph.node[0].input[3]  # the same node without its bias: x W alone

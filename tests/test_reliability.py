@@ -32,9 +32,9 @@ from pipeline import corpora, export
 from pipeline.atomic import staged_dir, write_text_atomic
 from specrt import ArtifactError, InvalidRequestError
 from specrt.cli import main as cli_main
-from specrt.datastore import MANIFEST_NAME as DATASTORE_MANIFEST
-from specrt.datastore import open_datastore, write_datastore
 from specrt.drafters import pld
+from specrt.drafters.indexes.datastore import MANIFEST_NAME as DATASTORE_MANIFEST
+from specrt.drafters.indexes.datastore import open_datastore, write_datastore
 from specrt.errors import DrafterError, SpecrtError
 from specrt.tree import DraftTree
 from tests.helpers import EOS, PROMPTS, tiny_tokenizer
@@ -115,7 +115,7 @@ def test_prompt_that_does_not_fit_fails_before_any_work(model, monkeypatch):
     def forward(*args, **kwargs):
         raise AssertionError("the decoder ran")
 
-    monkeypatch.setattr("specrt.backend.OrtDecoder.forward", forward)
+    monkeypatch.setattr("specrt.backend.session.OrtDecoder.forward", forward)
     context = model.manifest.dims.max_context
     with pytest.raises(InvalidRequestError, match=rf"at most {context - 1} prompt tokens"):
         model.generate_ids([7] * context, max_new_tokens=0)

@@ -15,8 +15,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto, helper
 
-from specrt import kernels
-from specrt.contract import MASK_VALUE
+from specrt.backend import kernels
+from specrt.backend.contract import MASK_VALUE
 
 pytestmark = pytest.mark.skipif(kernels.library_path() is None, reason="specrt's kernel library is not built")
 
@@ -245,7 +245,7 @@ def test_a_missing_library_is_named_with_its_fix(monkeypatch, tmp_path):
     path = tmp_path / "attention.onnx"
     path.write_bytes(attention_graph(2, 1, 16, 0.25))
     monkeypatch.setattr(kernels, "library_path", lambda: None)
-    from specrt.backend import make_session
+    from specrt.backend.session import make_session
 
     with pytest.raises(kernels.KernelLibraryError, match=r"uses specrt's ai.specrt operators: specrt's kernel library "
                        r"is not installed: reinstall specrt with its kernel library: `bash runtime/kernels/"

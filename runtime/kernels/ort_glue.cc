@@ -110,7 +110,7 @@ OrtStatus* output(OrtKernelContext* context, size_t index, const std::vector<int
 extern "C" {
 
 // The onnxruntime C API version these headers declare: the runtime refuses to load the library
-// into an onnxruntime older than it (specrt/kernels.py reads this first, to say so plainly).
+// into an onnxruntime older than it (specrt/backend/kernels.py reads this first, to say so plainly).
 int specrt_kernels_api_version() { return ORT_API_VERSION; }
 
 // The instruction set the kernels run with on this CPU (under SPECRT_KERNEL_ISA), or the error.

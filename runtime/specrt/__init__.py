@@ -5,10 +5,10 @@
     result = model.generate("def add(a, b):", max_new_tokens=64, method="pld")
 """
 
-from .cancel import CancelToken
-from .drafters import METHODS
-from .errors import ArtifactError, DrafterError, InvalidRequestError, SpecrtError
-from .model import GenerationResult, SpecModel, load
+from specrt.cancel import CancelToken
+from specrt.drafters import METHODS
+from specrt.errors import ArtifactError, DrafterError, InvalidRequestError, SpecrtError
+from specrt.model import GenerationResult, SpecModel, load
 
 __all__ = [
     "load", "SpecModel", "GenerationResult", "METHODS", "SpecrtError", "ArtifactError", "InvalidRequestError",

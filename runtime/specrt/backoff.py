@@ -30,8 +30,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .cost import DEFAULT_SLOPE, VerifyCostModel
-from .tree import DraftTree
+from specrt.cost import DEFAULT_SLOPE, VerifyCostModel
+from specrt.tree import DraftTree
 
 
 def matched_length(tree: DraftTree, following: np.ndarray) -> int:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import threading
 import time
 
-from .errors import InvalidRequestError, check_number
+from specrt.errors import InvalidRequestError, check_number
 
 CANCELLED = "cancelled"
 TIMEOUT = "timeout"

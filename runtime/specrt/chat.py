@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from .errors import InvalidRequestError, MissingDependencyError
+from specrt.errors import InvalidRequestError, MissingDependencyError
 
 ROLES = ("system", "user", "assistant", "tool")
 MIN_JINJA = (3, 1, 6)  # earlier versions have known sandbox escapes; chat templates are untrusted code

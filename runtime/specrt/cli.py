@@ -22,11 +22,11 @@ import sys
 from dataclasses import asdict
 from pathlib import Path
 
-from .chat import messages
-from .datastore import MANIFEST_NAME as DATASTORE_MANIFEST
-from .drafters import DEFAULT_METHOD, METHODS
-from .errors import InvalidRequestError, SpecrtError
-from .model import TextStream, load
+from specrt.chat import messages
+from specrt.drafters import DEFAULT_METHOD, METHODS
+from specrt.drafters.indexes.datastore import MANIFEST_NAME as DATASTORE_MANIFEST
+from specrt.errors import InvalidRequestError, SpecrtError
+from specrt.model import TextStream, load
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -114,7 +114,7 @@ def _serve(args: argparse.Namespace) -> None:
     try:
         import uvicorn
 
-        from .serve import ServeConfig, Speculation, build_app
+        from specrt.serve import ServeConfig, Speculation, build_app
     except ImportError as e:
         raise InvalidRequestError(f"specrt serve needs the 'serve' extra (pip install 'specrt[serve]'): {e}") from None
     if args.method not in METHODS:

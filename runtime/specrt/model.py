@@ -7,7 +7,7 @@
 
 Concurrency: a loaded model serves any number of requests at once (threads, or several streams
 interleaved in one thread). The ONNX session is shared (onnxruntime runs it from several threads);
-each request gets its own KV cache (an :class:`~specrt.backend.OrtDecoder`), so outputs never
+each request gets its own KV cache (an :class:`~specrt.backend.session.OrtDecoder`), so outputs never
 depend on what else runs. What outlives a request is guarded:
 
 * ``drafter_state`` (suffix trees, adjacency tables, acceptance statistics: what drafters learn
@@ -16,7 +16,7 @@ depend on what else runs. What outlives a request is guarded:
   private state instead (sharing only the loaded datastores, which are read-only), and its
   history is not kept. That changes how much gets drafted, never the text.
 * ``verify_cost`` (measured verify-pass times) is shared by all requests, under a lock.
-* ``prefix_cache`` (``prefix_cache_mb`` > 0: prompts' KV rows, :mod:`specrt.prefix_cache`) is
+* ``prefix_cache`` (``prefix_cache_mb`` > 0: prompts' KV rows, :mod:`specrt.engine.prefix_cache`) is
   shared by all requests, under its own lock; a hit leaves the output bit for bit as without it.
 
 A request gives back its cache and its method's state when its iterator is exhausted, closed, or
@@ -44,24 +44,34 @@ try:
 except ImportError:  # tokenizers < 0.21: TextStream decodes a window itself
     DecodeStream = None
 
-from .backend import DecoderSession, OrtDecoder
-from .blas import BlasGuard
-from .cancel import CancelToken
-from .chat import ChatRenderer, Message, messages
-from .cost import VerifyCostModel
-from .datastore import STATE_KEY as DATASTORE_STATE_KEY
-from .drafters import DEFAULT_METHOD, METHODS, NEEDS_DRAFT, SELF_BACKING_OFF, Drafter, DrafterEnv, make_drafter
-from .drafters.base import datastore_for
-from .drafters.baseline import NoDraft
-from .drafters.draft_model import check_vocab_compatible
-from .engine import LoopConfig, SpeculativeLoop
-from .errors import ArtifactError, InvalidRequestError, check_int, check_number
-from .logprobs import TokenLogprob
-from .manifest import Manifest, read_manifest
-from .prefix_cache import PrefixCache
-from .sampling import SamplingParams
-from .spec_gate import self_check
-from .verdict import SELF_CHECK_PROMPTS, Verdict, covers
+from specrt.backend.blas import BlasGuard
+from specrt.backend.draft_model import OrtDraftModel
+from specrt.backend.manifest import Manifest, read_manifest
+from specrt.backend.session import DecoderSession, OrtDecoder
+from specrt.backend.verdict import SELF_CHECK_PROMPTS, Verdict, covers
+from specrt.cancel import CancelToken
+from specrt.chat import ChatRenderer, Message, messages
+from specrt.cost import VerifyCostModel
+from specrt.drafters import (
+    DEFAULT_METHOD,
+    METHODS,
+    NEEDS_DRAFT,
+    SELF_BACKING_OFF,
+    Drafter,
+    DrafterEnv,
+    Method,
+    make_drafter,
+)
+from specrt.drafters.base import datastore_for
+from specrt.drafters.baseline import NoDraft
+from specrt.drafters.draft_model import check_vocab_compatible
+from specrt.drafters.indexes.datastore import STATE_KEY as DATASTORE_STATE_KEY
+from specrt.engine.loop import LoopConfig, SpeculativeLoop
+from specrt.engine.prefix_cache import PrefixCache
+from specrt.engine.spec_gate import self_check
+from specrt.errors import ArtifactError, InvalidRequestError, check_int, check_number
+from specrt.logprobs import TokenLogprob
+from specrt.sampling import SamplingParams
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +86,7 @@ class GenerationResult:
     finish_reason: str
     method: str
     tree: bool
-    stats: dict[str, Any]  # see specrt.engine.LoopStats.as_dict
+    stats: dict[str, Any]  # see specrt.engine.loop.LoopStats.as_dict
     logprobs: tuple[TokenLogprob, ...] | None = None  # one per token of token_ids, when asked (logprobs=k)
 
 
@@ -297,7 +307,9 @@ class SpecModel:
         """The loop for one request on token ids, and the iterator of its emitted token chunks.
 
         ``method`` is a registered name (``specrt.METHODS``; default ``auto``, the cost-aware
-        controller over the model-free drafters and a loaded draft model) or a ready Drafter instance. Every
+        controller over the model-free drafters and a loaded draft model), a
+        :class:`specrt.drafters.Method` (a factory with its accept rule) or a ready Drafter instance
+        (its sampled drafts accepted by recursive rejection sampling, the ``sd`` rule). Every
         option is checked here, before any work; the request holds a KV cache until its iterator is
         exhausted, closed or garbage-collected. ``backoff`` (``specrt.backoff``): verify a draft
         only while drafts pay for their window, else run plain steps; None: see :meth:`_default_backoff`.
@@ -319,12 +331,12 @@ class SpecModel:
             cancel = CancelToken(timeout_s)
         if isinstance(tree, np.bool_) or not isinstance(tree, bool):
             raise InvalidRequestError(f"tree must be a bool, got {type(tree).__name__} {tree!r}")
-        if not isinstance(method, str) and not all(
+        if not isinstance(method, (str, Method)) and not all(
             callable(getattr(method, name, None)) for name in ("begin", "propose", "observe")
         ):
             raise InvalidRequestError(
-                f"method must be a method name ({', '.join(sorted(METHODS))}) or a Drafter "
-                f"(begin, propose, observe), got {type(method).__name__}"
+                f"method must be a method name ({', '.join(sorted(METHODS))}), a specrt.drafters.Method or a "
+                f"Drafter (begin, propose, observe), got {type(method).__name__}"
             )
         config = LoopConfig(
             max_new_tokens=max_new_tokens,
@@ -344,10 +356,12 @@ class SpecModel:
 
         lease = self._borrow(method if isinstance(method, str) else None)
         try:
-            if isinstance(method, str):
+            acceptance = "sd"  # a Drafter instance's drafts sampled from a q: recursive rejection sampling
+            if isinstance(method, (str, Method)):
                 with self._factory_lock:
                     env = self._env(tree, shared=lease.state_lock is not None, sampling=config.sampling, seed=seed)
-                    drafter = make_drafter(method, env)
+                    drafter = make_drafter(method, env) if isinstance(method, str) else method.make(env)
+                acceptance = (METHODS[method] if isinstance(method, str) else method).accept
             else:
                 drafter = method
             label = method if isinstance(method, str) else None
@@ -356,7 +370,7 @@ class SpecModel:
             loop = SpeculativeLoop(
                 lease.decoder, drafter, self.manifest.eos_token_ids, config, self.verify_cost, method=label,
                 backoff_from=self.drafter_state.get(backoff_key) if backoff_key else None,
-                prefix_cache=self.prefix_cache, blas=self.blas, cancel=cancel,
+                prefix_cache=self.prefix_cache, blas=self.blas, cancel=cancel, acceptance=acceptance,
             )
         except BaseException:
             lease.release()
@@ -410,7 +424,7 @@ class SpecModel:
 
     def spec_safety(self) -> Verdict:
         """Whether verify windows give the single steps' argmax on this machine and provider: the
-        manifest's verdict where its basis covers them, else a short self-check (specrt.verdict),
+        manifest's verdict where its basis covers them, else a short self-check (specrt.backend.verdict),
         run once per decoder and machine and cached."""
         with self._factory_lock:
             if self._verdict is None:
@@ -455,10 +469,10 @@ class SpecModel:
         built from it and passed as ``method`` learns across requests."""
         return self._env(tree, shared=True)
 
-    def _draft_cache(self) -> OrtDecoder:
-        """A fresh KV cache on the loaded draft model (one per request)."""
+    def _draft_cache(self) -> OrtDraftModel:
+        """A fresh KV cache on the loaded draft model (one per request), as drafters drive it."""
         assert self.draft_graph is not None
-        return OrtDecoder.on(self.draft_graph)
+        return OrtDraftModel(OrtDecoder.on(self.draft_graph))
 
     def _env(
         self, tree: bool, *, shared: bool, sampling: SamplingParams | None = None, seed: int | None = None
@@ -477,7 +491,7 @@ class SpecModel:
             tokenizer_sha256=self.manifest.files[self.manifest.tokenizer].sha256,
             sampling=sampling,
             seed=seed,
-            draft_decoder=self._draft_cache if self.draft_graph is not None else None,
+            draft_model=self._draft_cache if self.draft_graph is not None else None,
         )
 
     def generate_ids(self, prompt_ids: np.ndarray | list[int], **options: Any) -> tuple[np.ndarray, SpeculativeLoop]:
@@ -559,7 +573,7 @@ def load(
 
     Refuses a folder whose files differ from its manifest (sizes always; sha256 unless
     ``check_hashes=False``, and only for files changed since a load verified them: a verified
-    stamp in ``~/.cache/specrt``, :mod:`specrt.stamp`, so an unchanged folder is hashed once).
+    stamp in ``~/.cache/specrt``, :mod:`specrt.backend.stamp`, so an unchanged folder is hashed once).
     ``draft``: the artifact folder of a draft model for ``sd``, ``hsd`` and
     ``hsd_capped``; refused unless its tokenizer maps every id to the same token as the target's.
 
@@ -570,7 +584,7 @@ def load(
     ``prefix_cache_mb``: host memory for the KV rows of recent prompts (0: none). A prompt that
     repeats an earlier one, or shares whole prefill chunks with it (a chat that grows turn by
     turn, a system prompt), skips those prefill passes; the output is bit for bit the same
-    (:mod:`specrt.prefix_cache`). On the 0.5B model an entry takes ~28 KiB per prompt token
+    (:mod:`specrt.engine.prefix_cache`). On the 0.5B model an entry takes ~28 KiB per prompt token
     (24 KiB of KV rows, 3.5 KiB of hidden states).
     """
     folder = Path(folder)

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .errors import InvalidRequestError
+from specrt.errors import InvalidRequestError
 
 
 @dataclass(frozen=True)

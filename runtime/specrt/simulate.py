@@ -10,7 +10,7 @@ so the acceptance a drafter would have had needs no model (Arctic Inference's si
                           max_new_tokens=record.max_new_tokens)
         print(factor, result.tokens_per_step, result.drafted)
 
-Each step mirrors specrt.engine: ``propose(context, budget)`` with the budget cut to what can
+Each step mirrors specrt.engine.loop: ``propose(context, budget)`` with the budget cut to what can
 still be emitted, a walk of the tree against the recorded continuation (a node is accepted iff
 its token is the recorded token at its depth and its parent was accepted), emitted = accepted +
 the next recorded token, ``observe(emitted, feedback)``, until the record is exhausted. The
@@ -45,13 +45,14 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from .backoff import Backoff
-from .drafters.base import Drafter, DrafterEnv, Feedback
-from .tree import DraftTree, fit_window
-from .verify import walk_greedy
+from specrt.backend.window import KEY_BLOCK, fit_window
+from specrt.backoff import Backoff
+from specrt.drafters.base import Drafter, DrafterEnv, Feedback
+from specrt.engine.accept import walk_greedy
+from specrt.tree import DraftTree
 
 if TYPE_CHECKING:
-    from .model import SpecModel
+    from specrt.model import SpecModel
 
 
 @dataclass(frozen=True)
@@ -103,6 +104,7 @@ def simulate(
     tree: bool = False,  # env.tree when ``drafter`` is a factory and ``env`` is None
     env: DrafterEnv | None = None,  # for a factory; None: a fresh env (vocab from the ids, empty state)
     backoff: Backoff | None = None,  # cut each proposal to the depth that pays, as the engine's back-off
+    key_block: int | None = KEY_BLOCK,  # the graph's cut of branching trees (DecoderSession.key_block; None: none)
 ) -> SimulationResult:
     """Replay ``output_ids`` after ``prompt_ids`` through ``drafter`` (an instance, or a factory
     ``env -> Drafter``) with ``budget`` draft nodes per step."""
@@ -136,7 +138,7 @@ def simulate(
             if backoff is not None and len(proposal):
                 proposal = backoff.choose(proposal, len(context))  # as the engine: empty = a plain step
                 held_back += not len(proposal)
-            proposal = fit_window(proposal, len(context) - 1)  # as the engine cuts it
+            proposal = fit_window(proposal, len(context) - 1, key_block)  # as the engine cuts it
             # target_next[slot]: the recorded token after the slot (-1 past the record's end); the walk
             # only reads slots on the accepted path, whose tokens are the record's
             at = produced + np.concatenate([[0], proposal.depths()])  # [n + 1]

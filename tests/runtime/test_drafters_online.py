@@ -13,8 +13,8 @@ from specrt.drafters.anpd import AdaptiveNgram
 from specrt.drafters.lookahead import LookaheadPool
 from specrt.drafters.pld_plus import HiddenStore, PromptLookupPlus
 from specrt.drafters.token_recycling import DEFAULT_RANK_PROBS, TokenRecycling, tree_template
+from specrt.engine.accept import walk_greedy
 from specrt.tree import DraftTree
-from specrt.verify import walk_greedy
 from tests.helpers import PROMPTS, as_lists, ctx
 
 VOCAB = 10

@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 
 import specrt
-from specrt.backend import OrtDecoder
+from specrt.backend.session import OrtDecoder
+from specrt.backend.window import causal_bias
 from specrt.logprobs import token_logprobs, window_rows
-from specrt.tree import causal_bias
 
 
 @pytest.fixture(scope="module")

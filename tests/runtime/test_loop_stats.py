@@ -1,4 +1,4 @@
-"""What a request's stats count (specrt.engine.LoopStats.as_dict), on a tiny model."""
+"""What a request's stats count (specrt.engine.loop.LoopStats.as_dict), on a tiny model."""
 
 from __future__ import annotations
 

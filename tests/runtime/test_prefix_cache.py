@@ -12,9 +12,10 @@ import pytest
 
 import specrt
 from specrt import InvalidRequestError
-from specrt.backend import OrtDecoder
-from specrt.prefill import prefill
-from specrt.prefix_cache import PrefixCache, PrefixEntry, common_prefix
+from specrt.backend.prefill import prefill
+from specrt.backend.session import OrtDecoder
+from specrt.engine.prefix_cache import PrefixCache, PrefixEntry
+from specrt.sequences import common_prefix
 
 CHUNK = 4
 

@@ -1,4 +1,4 @@
-"""Accept rules for sampled drafts (specrt.rejection): sd, multi-candidate trees, hsd, hsd_capped.
+"""Accept rules for sampled drafts (specrt.engine.accept): sd, multi-candidate trees, hsd, hsd_capped.
 
 Statistical tests draw RUNS outcomes of a rule on a toy target p / draft q (random tables over
 V = 5 tokens for every prefix) and compare the emitted tokens with the target's exact joint law by
@@ -17,11 +17,11 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 
-from specrt.errors import InvalidRequestError
-from specrt.rejection import (
+from specrt.engine.accept import (
     HsdResume,
     HsdStep,
     Verifier,
+    Walk,
     _hsd_scan,
     accept_hsd,
     accept_hsd_capped,
@@ -30,9 +30,9 @@ from specrt.rejection import (
     first_child_path,
     forward_hsd,
 )
+from specrt.errors import InvalidRequestError
 from specrt.sampling import sample
 from specrt.tree import DraftTree
-from specrt.verify import Walk
 from tests.helpers import chi2_pvalue
 
 V = 5

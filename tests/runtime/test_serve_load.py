@@ -21,7 +21,7 @@ pytest.importorskip("uvicorn", reason="the serve extra is not installed")
 openai = pytest.importorskip("openai", reason="the openai client (dev extra) is not installed")
 
 import specrt  # noqa: E402
-from specrt.backend import OrtDecoder  # noqa: E402
+from specrt.backend.session import OrtDecoder  # noqa: E402
 from specrt.serve import ServeConfig, Speculation, build_app, serve_in_thread  # noqa: E402
 
 CLIENTS = 4  # client threads, each sending its requests one after another; also the server's limit

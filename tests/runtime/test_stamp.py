@@ -1,4 +1,4 @@
-"""Verified stamps (specrt.stamp): an unchanged artifact folder is hashed once; a changed file, or
+"""Verified stamps (specrt.backend.stamp): an unchanged artifact folder is hashed once; a changed file, or
 a manifest that expects another sha256, is hashed again and caught; the CLI can skip the hashes."""
 
 from __future__ import annotations
@@ -12,10 +12,11 @@ from pathlib import Path
 
 import pytest
 
-import specrt.manifest
+import specrt.backend.manifest
+from specrt.backend.manifest import Manifest, ModelDims, read_manifest
+from specrt.backend.stamp import stamp_path
 from specrt.errors import ArtifactError
-from specrt.manifest import FileEntry, Manifest, ModelDims, read_manifest
-from specrt.stamp import stamp_path
+from specrt.files import FileEntry
 from tests.helpers import with_chat
 
 
@@ -29,13 +30,13 @@ def cache(tmp_path, monkeypatch) -> Path:
 def hashed(monkeypatch) -> list[str]:
     """The names of the files sha256_file hashes, in order."""
     names: list[str] = []
-    real = specrt.manifest.sha256_file
+    real = specrt.files.sha256_file
 
     def counting(path: Path) -> str:
         names.append(path.name)
         return real(path)
 
-    monkeypatch.setattr(specrt.manifest, "sha256_file", counting)
+    monkeypatch.setattr(specrt.backend.manifest, "sha256_file", counting)
     return names
 
 

@@ -1,4 +1,4 @@
-"""Suffix decoding (specrt.suffix_tree, specrt.drafters.suffix_decoding) and adaptive suffix
+"""Suffix decoding (specrt.drafters.indexes.suffix_tree, specrt.drafters.suffix_decoding) and adaptive suffix
 decoding (specrt.drafters.asd): tree contents, proposals, request lifecycle, losslessness."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from hypothesis import strategies as st
 
 from specrt.drafters import DrafterEnv, Feedback
 from specrt.drafters.asd import AdaptiveSuffixDecoding, make_asd, make_asd_verify
+from specrt.drafters.indexes.suffix_tree import Draft, SuffixCache, SuffixTree
 from specrt.drafters.suffix_decoding import SuffixDecoding, make
-from specrt.suffix_tree import Draft, SuffixCache, SuffixTree
 from specrt.tree import DraftTree
 from tests.helpers import PROMPTS, as_lists, ctx
 

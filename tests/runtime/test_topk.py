@@ -1,11 +1,11 @@
-"""specrt.topk.top_k: the k largest logits per row, best first, ties by smaller id."""
+"""specrt.drafters.indexes.topk.top_k: the k largest logits per row, best first, ties by smaller id."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from specrt.topk import COLUMNS, top_k
+from specrt.drafters.indexes.topk import COLUMNS, top_k
 
 
 def reference(logits: np.ndarray, k: int) -> np.ndarray:

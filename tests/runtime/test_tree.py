@@ -5,8 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from specrt.contract import MASK_VALUE
-from specrt.tree import DraftTree, ancestor_mask, causal_bias, flatten
+from specrt.backend.contract import MASK_VALUE
+from specrt.backend.window import ancestor_mask, causal_bias, flatten
+from specrt.tree import DraftTree
 
 M = MASK_VALUE
 
@@ -142,13 +143,13 @@ def test_draft_tree_rejects_mismatched_shapes(token_ids, parents):
 
 
 def test_a_branching_tree_is_cut_to_the_key_block_of_its_first_node():
-    from specrt.tree import KEY_BLOCK, fit_window
+    from specrt.backend.window import KEY_BLOCK, fit_window
 
     tree = DraftTree(np.array([1, 2, 3, 4, 5, 6]), np.array([-1, -1, 0, 1, 2, 3]))
     assert KEY_BLOCK == 128
-    cut = fit_window(tree, past=123)  # nodes at slots 124..127 fit, 128 is the next block
+    cut = fit_window(tree, past=123, key_block=KEY_BLOCK)  # nodes at slots 124..127 fit, 128 is the next block
     assert cut.token_ids.tolist() == [1, 2, 3, 4] and cut.parents.tolist() == [-1, -1, 0, 1]
-    assert fit_window(tree, past=127) is tree  # the nodes start a block: all six fit
-    assert len(fit_window(tree, past=126)) == 1
+    assert fit_window(tree, past=127, key_block=KEY_BLOCK) is tree  # the nodes start a block: all six fit
+    assert len(fit_window(tree, past=126, key_block=KEY_BLOCK)) == 1
     chain = DraftTree.chain([1, 2, 3, 4, 5, 6])
-    assert fit_window(chain, past=126) is chain  # a chain keeps every key at its single-step slot
+    assert fit_window(chain, past=126, key_block=KEY_BLOCK) is chain  # a chain keeps every key at its single-step slot

@@ -9,7 +9,8 @@ import shutil
 import pytest
 
 import specrt
-from specrt import spec_gate, verdict
+from specrt.backend import verdict
+from specrt.engine import spec_gate
 
 
 def test_a_graph_without_row_dependent_kernels_is_exact_by_construction_on_the_cpu_only():

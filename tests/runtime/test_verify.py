@@ -1,4 +1,4 @@
-"""Walking a verified draft tree (specrt.verify): greedy walks and lossless sampling."""
+"""Walking a verified draft tree (specrt.engine.accept): greedy walks and lossless sampling."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ from collections import Counter
 import numpy as np
 import pytest
 
+from specrt.engine.accept import Walk, walk_greedy, walk_sampling
 from specrt.sampling import sample
 from specrt.tree import DraftTree
-from specrt.verify import Walk, walk_greedy, walk_sampling
 from tests.helpers import chi2_pvalue, chi2_sf
 
 # ---------------------------------------------------------------------------------------------

@@ -1,4 +1,5 @@
-"""The drafter registry: method name -> factory ``(env: DrafterEnv) -> Drafter``.
+"""The drafter registry: method name -> :class:`Method` (factory ``(env: DrafterEnv) -> Drafter``,
+accept rule, needs).
 
 A method is listed here only when it is implemented; every listed method is checked against
 plain decoding by the lossless stage and the test suite. Each module has one method (or one
@@ -8,9 +9,9 @@ family) and a module-level ``make`` factory.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
-from ..errors import InvalidRequestError
-from . import (
+from specrt.drafters import (
     adapld,
     anpd,
     asd,
@@ -25,42 +26,63 @@ from . import (
     suffix_decoding,
     token_recycling,
 )
-from .base import Drafter, DrafterEnv, Feedback
+from specrt.drafters.base import Drafter, DrafterEnv, DraftModel, Feedback
+from specrt.errors import InvalidRequestError
 
 DrafterFactory = Callable[[DrafterEnv], Drafter]
 
-METHODS: dict[str, DrafterFactory] = {
-    "baseline": baseline.make,
-    "pld": pld.make,
-    "pld_plus": pld_plus.make,
-    "adapld": adapld.make,
-    "anpd": anpd.make,
-    "lookahead": lookahead.make,
-    "token_recycling": token_recycling.make,
-    "rest": rest.make,
-    "sam_decoding": sam.make,
-    "asam": sam.make_asam,
-    "asam_verify": sam.make_asam_verify,
-    "suffix_decoding": suffix_decoding.make,
-    "asd": asd.make_asd,
-    "asd_verify": asd.make_asd_verify,
-    "sd": draft_model.make_sd,
-    "hsd": draft_model.make_hsd,
-    "hsd_capped": draft_model.make_hsd_capped,
-    "auto": auto.make,  # the cost-aware controller over the others (specrt.drafters.auto)
+
+@dataclass(frozen=True)
+class Method:
+    """A drafting method: its factory, the rule that accepts its drafts, and what it needs.
+
+    ``accept``: the rule for drafts sampled from a q (specrt.engine.accept): ``sd`` (token-wise on a
+    chain, multi-candidate recursive rejection sampling on a tree), ``hsd`` or ``hsd_capped``; drafts
+    without q are walked by recursive rejection sampling whatever it is, and greedy decoding follows
+    the argmax. A Method that is not registered may be passed as ``method=`` to a request."""
+
+    make: DrafterFactory
+    accept: str = "sd"
+    needs_datastore: bool = False  # a retrieval corpus: specrt.load(..., datastore=...)
+    needs_draft: bool = False  # a draft model: specrt.load(..., draft=...)
+    backs_off: bool = False  # cuts its drafts to what pays itself (the engine's back-off stays off)
+
+
+METHODS: dict[str, Method] = {
+    "baseline": Method(baseline.make),
+    "pld": Method(pld.make),
+    "pld_plus": Method(pld_plus.make),
+    "adapld": Method(adapld.make),
+    "anpd": Method(anpd.make),
+    "lookahead": Method(lookahead.make),
+    "token_recycling": Method(token_recycling.make),
+    "rest": Method(rest.make, needs_datastore=True),
+    "sam_decoding": Method(sam.make, needs_datastore=True),
+    "asam": Method(sam.make_asam, needs_datastore=True),
+    "asam_verify": Method(sam.make_asam_verify, needs_datastore=True),
+    "suffix_decoding": Method(suffix_decoding.make),
+    "asd": Method(asd.make_asd),
+    "asd_verify": Method(asd.make_asd_verify),
+    "sd": Method(draft_model.make_sd, accept="sd", needs_draft=True),
+    "hsd": Method(draft_model.make_hsd, accept="hsd", needs_draft=True),
+    "hsd_capped": Method(draft_model.make_hsd_capped, accept="hsd_capped", needs_draft=True),
+    # the cost-aware controller over the others (specrt.drafters.auto); its draft-model member drafts for sd
+    "auto": Method(auto.make, accept="sd", backs_off=True),
 }
-NEEDS_DRAFT = frozenset({"sd", "hsd", "hsd_capped"})  # methods that need specrt.load(..., draft=...)
-SELF_BACKING_OFF = frozenset({"auto"})  # methods that cut their drafts to what pays themselves
+NEEDS_DRAFT = frozenset(name for name, m in METHODS.items() if m.needs_draft)
+NEEDS_DATASTORE = frozenset(name for name, m in METHODS.items() if m.needs_datastore)
+SELF_BACKING_OFF = frozenset(name for name, m in METHODS.items() if m.backs_off)
 DEFAULT_METHOD = "auto"  # of the API, the CLI and the server: the controller picks the draft per step
 
 
 def make_drafter(method: str, env: DrafterEnv) -> Drafter:
-    factory = METHODS.get(method)
-    if factory is None:
+    entry = METHODS.get(method)
+    if entry is None:
         raise InvalidRequestError(f"unknown method {method!r}; valid methods: {', '.join(sorted(METHODS))}")
-    return factory(env)
+    return entry.make(env)
 
 
 __all__ = [
-    "Drafter", "DrafterEnv", "Feedback", "DEFAULT_METHOD", "METHODS", "NEEDS_DRAFT", "SELF_BACKING_OFF", "make_drafter",
+    "Drafter", "DrafterEnv", "DraftModel", "Feedback", "Method", "DEFAULT_METHOD", "METHODS", "NEEDS_DATASTORE",
+    "NEEDS_DRAFT", "SELF_BACKING_OFF", "make_drafter",
 ]

@@ -26,8 +26,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .base import DrafterEnv
-from .pld_plus import PromptLookupPlus
+from specrt.drafters.base import DrafterEnv
+from specrt.drafters.pld_plus import PromptLookupPlus
 
 
 class AdaptivePromptLookup(PromptLookupPlus):

@@ -24,9 +24,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..tree import DraftTree
-from .base import DrafterEnv, Feedback
-from .pld import build_trie, continuations
+from specrt.drafters.base import DrafterEnv, Feedback
+from specrt.drafters.pld import build_trie, continuations
+from specrt.tree import DraftTree
 
 
 class AdaptiveNgram:

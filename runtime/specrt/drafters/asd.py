@@ -30,10 +30,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..suffix_tree import Draft
-from ..tree import DraftTree
-from .base import DrafterEnv, Feedback
-from .suffix_decoding import SuffixDecoding
+from specrt.drafters.base import DrafterEnv, Feedback
+from specrt.drafters.indexes.suffix_tree import Draft
+from specrt.drafters.suffix_decoding import SuffixDecoding
+from specrt.tree import DraftTree
 
 
 class AdaptiveSuffixDecoding(SuffixDecoding):

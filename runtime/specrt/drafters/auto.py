@@ -50,12 +50,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..backoff import Backoff
-from ..cost import VerifyCostModel
-from ..datastore import STATE_KEY as DATASTORE_STATE_KEY
-from ..errors import InvalidRequestError
-from ..tree import DraftTree
-from .base import Drafter, DrafterEnv, Feedback
+from specrt.backoff import Backoff
+from specrt.cost import VerifyCostModel
+from specrt.drafters.base import Drafter, DrafterEnv, Feedback
+from specrt.drafters.indexes.datastore import STATE_KEY as DATASTORE_STATE_KEY
+from specrt.errors import InvalidRequestError
+from specrt.tree import DraftTree
 
 PROBE_EVERY = 4  # steps between the proposals of a member that does not pay, at least
 PROBE_SHARE = 0.03  # the share of the steps since its last proposal that a probe may cost, at most
@@ -213,14 +213,14 @@ def members_for(env: DrafterEnv) -> list[str]:
     names = ["pld", "suffix_decoding"]
     if env.datastore is not None:
         names.append("sam_decoding")
-    if env.draft_decoder is not None:
+    if env.draft_model is not None:
         names.append("sd")
     return names
 
 
 def make(env: DrafterEnv) -> Auto:
-    from . import METHODS  # the registry imports this module
-    from .draft_model import DraftModelDrafter
+    from specrt.drafters import METHODS  # the registry imports this module
+    from specrt.drafters.draft_model import DraftModelDrafter
 
     seeded = env.seed is not None and env.sampling is not None and not env.sampling.greedy
     config = AutoConfig(timed=not seeded)
@@ -238,11 +238,11 @@ def make(env: DrafterEnv) -> Auto:
     members = []
     for name in members_for(env):
         if name == "sd":  # a fixed chain: the controller cuts it, so the drafter's own adaptive gamma is off
-            assert env.draft_decoder is not None
-            drafter: Drafter = DraftModelDrafter(env.draft_decoder(), member_env, acceptance="sd")
+            assert env.draft_model is not None
+            drafter: Drafter = DraftModelDrafter(env.draft_model(), member_env, acceptance="sd")
             token_cost, catch_up_cost = config.draft_token_cost, DRAFT_CATCH_UP_COST
         else:
-            drafter, token_cost, catch_up_cost = METHODS[name](member_env), 0.0, 0.0
+            drafter, token_cost, catch_up_cost = METHODS[name].make(member_env), 0.0, 0.0
         estimate = kept[name].carried_over() if name in kept else Backoff(cost)
         kept[name] = estimate  # the next request of this model starts from it (timed mode)
         members.append(Member(name, drafter, estimate, token_cost, catch_up_cost))

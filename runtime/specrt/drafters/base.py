@@ -6,17 +6,14 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
-from ..datastore import STATE_KEY, Datastore, open_datastore
-from ..errors import ArtifactError, InvalidRequestError
-from ..sampling import SamplingParams
-from ..tree import DraftTree
-
-if TYPE_CHECKING:
-    from ..backend import OrtDecoder
+from specrt.drafters.indexes.datastore import STATE_KEY, Datastore, open_datastore
+from specrt.errors import ArtifactError, InvalidRequestError
+from specrt.sampling import SamplingParams
+from specrt.tree import DraftTree
 
 log = logging.getLogger(__name__)
 
@@ -32,10 +29,44 @@ class Feedback:
     path: np.ndarray  # [a] accepted node indices, root to leaf
     logits: np.ndarray  # [n + 1, vocab] verifier logits per window slot
     hidden_states: np.ndarray  # [n + 1, hidden] final-norm hidden states per window slot
+    open_levels: int = 0  # levels of an open HSD block the next proposal must draft (specrt.engine.accept)
 
     @property
     def accepted_slots(self) -> np.ndarray:  # [a + 1] slots of the root and the accepted path
         return np.concatenate([[0], self.path + 1])
+
+
+class DraftModel(Protocol):
+    """A draft model's KV cache, as the draft-model drafters drive it (specrt.backend.draft_model's
+    OrtDraftModel is the onnxruntime one): tokens fed are kept; ``truncate`` cuts back to a prefix."""
+
+    @property
+    def max_context(self) -> int:
+        """Positions the draft model can hold at most."""
+        ...
+
+    @property
+    def capacity(self) -> int:
+        """Positions the cache holds now (``reset`` allocates them)."""
+        ...
+
+    @property
+    def past(self) -> int:
+        """Tokens in the cache."""
+        ...
+
+    def reset(self, capacity: int) -> None:
+        """An empty cache of ``capacity`` positions."""
+        ...
+
+    def forward(self, tokens: np.ndarray) -> np.ndarray:
+        """Feed ``tokens`` ([k] int64, k >= 1) after the cached ones, keep them, and return the draft's
+        logits ([draft vocab]) after the last."""
+        ...
+
+    def truncate(self, keep: int) -> None:
+        """Keep the first ``keep`` cached tokens."""
+        ...
 
 
 @dataclass(frozen=True, eq=False)
@@ -50,15 +81,16 @@ class DrafterEnv:
     tokenizer_sha256: str | None = None  # the model's tokenizer.json; a datastore must match it
     sampling: SamplingParams | None = None  # the request's sampling (None = greedy): drafters that sample use it
     seed: int | None = None  # the request's seed, for a drafter's own random stream
-    draft_decoder: Callable[[], OrtDecoder] | None = None  # a fresh KV cache on the draft model, if one is loaded
+    draft_model: Callable[[], DraftModel] | None = None  # a fresh KV cache on the draft model, if one is loaded
 
 
 class Drafter(Protocol):
     """One drafter instance serves one request (a fresh one is built per generate call).
 
     Call order: ``begin`` once with the prompt, then per step ``propose`` -> verify -> ``observe``.
-    A drafter that samples its drafts from a distribution q (``DraftTree.draft_probs``) may name its
-    accept rule in a ``verifier`` attribute (a ``specrt.rejection.Verifier``).
+    A drafter that samples its drafts from a distribution q hands q over with them
+    (``DraftTree.draft_probs``); the rule that accepts them is its method's (the registry's
+    ``Method.accept``, specrt.drafters).
     """
 
     def begin(self, prompt: np.ndarray, hidden_states: np.ndarray) -> None:

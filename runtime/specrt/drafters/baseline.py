@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..tree import DraftTree
-from .base import DrafterEnv, Feedback
+from specrt.drafters.base import DrafterEnv, Feedback
+from specrt.tree import DraftTree
 
 
 class NoDraft:

@@ -1,11 +1,12 @@
 """``sd``, ``hsd``, ``hsd_capped``: drafts from a small draft model that shares the target's vocabulary.
 
-The draft model runs autoregressively on its own KV cache (an ``OrtDecoder``) and proposes a chain
+The draft model runs autoregressively on its own KV cache (a ``DraftModel``, specrt.drafters.base)
+and proposes a chain
 of gamma tokens: the argmax under greedy decoding, draws from its own q under sampling, where q is
 the draft's logits warped by the request's temperature / top-k / top-p exactly as the target's p
 is (so q > 0 wherever the draft can sample). The q rows travel with the tree
 (``DraftTree.draft_probs``) and the drafter's ``verifier`` names the accept rule
-(specrt.rejection): token-wise speculative sampling (``sd``), hierarchical speculative decoding
+(specrt.engine.accept): token-wise speculative sampling (``sd``), hierarchical speculative decoding
 (``hsd``, with forward sampling over the next steps when a block is left open) or HSD with capped
 prefix ratios (``hsd_capped``). Greedy decoding walks the argmax, which is exact for any draft.
 
@@ -48,14 +49,11 @@ from pathlib import Path
 import numpy as np
 from tokenizers import Tokenizer
 
-from ..backend import OrtDecoder
-from ..errors import ArtifactError, InvalidRequestError
-from ..prefill import prefill
-from ..prefix_cache import common_prefix
-from ..rejection import Verifier
-from ..sampling import SamplingParams, sample, target_probs
-from ..tree import DraftTree, causal_bias
-from .base import DrafterEnv, Feedback
+from specrt.drafters.base import DrafterEnv, DraftModel, Feedback
+from specrt.errors import ArtifactError, InvalidRequestError
+from specrt.sampling import SamplingParams, sample, target_probs
+from specrt.sequences import common_prefix
+from specrt.tree import DraftTree
 
 GAMMA = 4  # drafted tokens per step, before adaptive gamma has measurements
 BRANCH_BELOW = 0.5  # tree mode: add a sibling where the draft's top-1 probability is below this
@@ -63,6 +61,7 @@ HEADROOM = 256  # draft-cache positions beyond the prompt allocated at begin (gr
 DECAY = 0.9  # weight of the older steps in the acceptance counts
 PROBE_EVERY = 8  # adaptive gamma: plain steps before the first probing draft when drafting does not pay
 PROBE_EVERY_MAX = 128  # ... doubling after every probe that did not pay, up to this
+ACCEPTANCE = ("sd", "hsd", "hsd_capped")  # the accept rules a draft model drafts for (specrt.engine.accept)
 DRAFT_STREAM = 1  # the drafter's random stream: seed [seed, 1] (the engine's is seed)
 
 
@@ -90,17 +89,20 @@ class DraftModelDrafter:
     """Draft-model speculative decoding for one request.
 
     decoder: a KV cache on the draft model (reset at ``begin``; its vocabulary may be padded
-        differently from the target's: ids the target lacks are never drafted).
+        differently from the target's: ids the target lacks are never drafted). It feeds a prompt
+        in chunks of its own (specrt.backend.draft_model.OrtDraftModel: ``prefill_chunk``).
     env: ``vocab`` and ``tree``; ``sampling`` and ``seed`` (None: greedy drafts, fresh entropy);
         ``verify_cost`` for adaptive gamma.
-    acceptance: the accept rule under sampling, ``sd`` | ``hsd`` | ``hsd_capped``.
+    acceptance: the accept rule under sampling, ``sd`` | ``hsd`` | ``hsd_capped`` (the method's; the
+        engine applies it, and this drafter drafts for it: an open HSD block's levels, plain chains
+        under HSD sampling).
     gamma: drafted tokens per step (the start value when adaptive); max_gamma caps adaptive gamma
         (default: the engine's budget). branch_below: see the module docstring.
     """
 
     def __init__(
         self,
-        decoder: OrtDecoder,
+        decoder: DraftModel,
         env: DrafterEnv,
         *,
         acceptance: str = "sd",
@@ -108,7 +110,6 @@ class DraftModelDrafter:
         adaptive: bool = False,
         max_gamma: int | None = None,
         branch_below: float = BRANCH_BELOW,
-        prefill_chunk: int = 256,
     ):
         if gamma < 1:
             raise InvalidRequestError(f"gamma must be >= 1, got {gamma}")
@@ -116,20 +117,20 @@ class DraftModelDrafter:
             raise InvalidRequestError(f"max_gamma must be >= 1, got {max_gamma}")
         if not 0.0 <= branch_below <= 1.0:
             raise InvalidRequestError(f"branch_below must lie in [0, 1], got {branch_below}")
-        if prefill_chunk < 1:
-            raise InvalidRequestError(f"prefill_chunk must be >= 1, got {prefill_chunk}")
         self.decoder = decoder
         self.vocab = env.vocab
         self.tree = env.tree
         self.sampling = env.sampling if env.sampling is not None else SamplingParams()
         self.rng = np.random.default_rng(None if env.seed is None else [env.seed, DRAFT_STREAM])
         self.verify_cost = env.verify_cost
-        self.verifier = Verifier(acceptance)
+        if acceptance not in ACCEPTANCE:
+            raise InvalidRequestError(f"acceptance must be one of {ACCEPTANCE}, got {acceptance!r}")
+        self.acceptance = acceptance
+        self.open_levels = 0  # levels of an open HSD block the next proposal drafts (Feedback.open_levels)
         self.gamma = gamma
         self.adaptive = adaptive
         self.max_gamma = max_gamma
         self.branch_below = branch_below
-        self.prefill_chunk = prefill_chunk
         self.cached = np.zeros(0, np.int64)  # [capacity] cached[:decoder.past] = the tokens in the draft cache
         self.context = np.zeros(0, np.int64)  # [t] the context after the last observed step
         self.block = 0  # chain length of the last proposal; 0 when it continued an open HSD block
@@ -141,10 +142,6 @@ class DraftModelDrafter:
         self.last_gamma = 0  # chain length chosen for the last new block
 
     @property
-    def acceptance(self) -> str:
-        return self.verifier.acceptance
-
-    @property
     def alpha(self) -> float:
         """Estimated probability that a drafted token is accepted (Laplace-smoothed)."""
         return (self.accepted + 1.0) / (self.accepted + self.rejections + 2.0)
@@ -152,13 +149,13 @@ class DraftModelDrafter:
     # -- the drafter protocol --------------------------------------------------------------------
 
     def begin(self, prompt: np.ndarray, hidden_states: np.ndarray) -> None:
-        self.verifier.reset()
-        self._allocate(min(self.decoder.dims.max_context, len(prompt) + HEADROOM))
+        self.open_levels = 0
+        self._allocate(min(self.decoder.max_context, len(prompt) + HEADROOM))
 
     def propose(self, context: np.ndarray, budget: int) -> DraftTree:
-        open_levels = self.verifier.forward_levels
+        open_levels = self.open_levels
         n = min(open_levels, budget) if open_levels else self.choose_gamma(budget)
-        n = min(n, self.decoder.dims.max_context + 1 - len(context))  # drafted positions the draft model holds
+        n = min(n, self.decoder.max_context + 1 - len(context))  # drafted positions the draft model holds
         if n < 1:
             if open_levels:  # cannot happen: an open block's levels fit the budget and context its block fitted
                 raise RuntimeError(f"an open HSD block needs a draft of its next level (budget {budget})")
@@ -206,6 +203,7 @@ class DraftModelDrafter:
             accepted = len(feedback.path)
             self.accepted = DECAY * self.accepted + accepted
             self.rejections = DECAY * self.rejections + float(accepted < self.block)
+        self.open_levels = feedback.open_levels
         self.context = np.concatenate([self.context, emitted])
         self._keep_prefix_of(self.context)
 
@@ -230,11 +228,9 @@ class DraftModelDrafter:
         self._keep_prefix_of(context)
         if len(context) + n - 1 > self.decoder.capacity:  # grow (rare): start over in a bigger cache
             grown = max(len(context) + HEADROOM, 2 * self.decoder.capacity)
-            self._allocate(min(self.decoder.dims.max_context, grown))
+            self._allocate(min(self.decoder.max_context, grown))
         past = self.decoder.past
-        logits = None
-        for chunk in prefill(self.decoder, context[past:], self.prefill_chunk, last_logits_only=True):
-            logits = chunk.logits[-1] if len(chunk.logits) else None  # only the final chunk returns a row
+        logits = self.decoder.forward(context[past:])
         self.cached[past : len(context)] = context[past:]
         return logits
 
@@ -242,12 +238,11 @@ class DraftModelDrafter:
         """Feed one drafted token; the draft's logits ([draft vocab]) after it."""
         t0 = time.perf_counter()
         past = self.decoder.past
-        out = self.decoder.forward(np.array([token], np.int64), np.array([past], np.int64), causal_bias(past, 1))
-        self.decoder.commit(np.zeros(1, np.int64))
+        logits = self.decoder.forward(np.array([token], np.int64))
         elapsed = time.perf_counter() - t0
         self.draft_step_s = elapsed if self.draft_step_s is None else DECAY * self.draft_step_s + (1 - DECAY) * elapsed
         self.cached[past] = token
-        return out.logits[0]
+        return logits
 
     def _fit_vocab(self, logits: np.ndarray) -> np.ndarray:
         """The draft's logits over the target's ids ([vocab]): padded ids of either side are never drafted."""
@@ -279,11 +274,11 @@ class DraftModelDrafter:
 
 
 def _make(env: DrafterEnv, acceptance: str) -> DraftModelDrafter:
-    if env.draft_decoder is None:
+    if env.draft_model is None:
         raise InvalidRequestError(
             f"method {acceptance!r} needs a draft model: load the target with a draft (specrt.load(..., draft=...))"
         )
-    return DraftModelDrafter(env.draft_decoder(), env, acceptance=acceptance, adaptive=True)
+    return DraftModelDrafter(env.draft_model(), env, acceptance=acceptance, adaptive=True)
 
 
 def make_sd(env: DrafterEnv) -> DraftModelDrafter:

@@ -28,9 +28,9 @@ from collections import OrderedDict
 
 import numpy as np
 
-from ..tree import DraftTree
-from .base import DrafterEnv, Feedback
-from .pld import build_trie
+from specrt.drafters.base import DrafterEnv, Feedback
+from specrt.drafters.pld import build_trie
+from specrt.tree import DraftTree
 
 
 class LookaheadPool:

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..tree import DraftTree
-from .base import DrafterEnv, Feedback
+from specrt.drafters.base import DrafterEnv, Feedback
+from specrt.tree import DraftTree
 
 
 def ngram_matches(context: np.ndarray, n: int) -> np.ndarray:

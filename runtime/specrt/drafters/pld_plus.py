@@ -40,9 +40,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..tree import DraftTree
-from .base import DrafterEnv, Feedback
-from .pld import add_distinct, build_trie, continuations, ngram_matches
+from specrt.drafters.base import DrafterEnv, Feedback
+from specrt.drafters.pld import add_distinct, build_trie, continuations, ngram_matches
+from specrt.tree import DraftTree
 
 
 class HiddenStore:

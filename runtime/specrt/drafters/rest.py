@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..datastore import Datastore
-from ..tree import DraftTree
-from .base import Drafter, DrafterEnv, Feedback, datastore_for
+from specrt.drafters.base import Drafter, DrafterEnv, Feedback, datastore_for
+from specrt.drafters.indexes.datastore import Datastore
+from specrt.tree import DraftTree
 
 
 def frequency_tree(paths: list[np.ndarray], budget: int, tree: bool) -> DraftTree:

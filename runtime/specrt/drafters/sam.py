@@ -1,7 +1,7 @@
 """``sam_decoding``, ``asam``, ``asam_verify``: speculative decoding with suffix automata
 (Hu et al., 2024, "SAM Decoding").
 
-Two suffix automata (specrt.suffix_automaton) each keep a match: the state of the longest suffix
+Two suffix automata (specrt.drafters.indexes.suffix_automaton) each keep a match: the state of the longest suffix
 of the context that they contain, extended by every new token in amortised O(1).
 
 * static: built by the pipeline over the retrieval datastore, loaded memory-mapped;
@@ -27,11 +27,11 @@ from collections.abc import Callable
 
 import numpy as np
 
-from ..datastore import Datastore
-from ..suffix_automaton import ROOT, SuffixAutomaton, advance, match_states
-from ..tree import DraftTree
-from .base import Drafter, DrafterEnv, Feedback, datastore_for
-from .pld import build_trie
+from specrt.drafters.base import Drafter, DrafterEnv, Feedback, datastore_for
+from specrt.drafters.indexes.datastore import Datastore
+from specrt.drafters.indexes.suffix_automaton import ROOT, SuffixAutomaton, advance, match_states
+from specrt.drafters.pld import build_trie
+from specrt.tree import DraftTree
 
 
 class SamDecoding:

@@ -1,6 +1,6 @@
 """``suffix_decoding``: SuffixDecoding (Oliaro et al., 2024), as in Arctic Inference.
 
-Two depth-bounded suffix trees (specrt.suffix_tree): a local one over the active request (prompt +
+Two depth-bounded suffix trees (specrt.drafters.indexes.suffix_tree): a local one over the active request (prompt +
 generation so far) and a global one over previous responses of this model, kept in
 ``env.state["suffix_decoding"]`` so that it outlives the request. Each step matches the longest
 suffix of the context (up to ``max_depth`` tokens) in both trees and grows a draft from the match
@@ -34,9 +34,9 @@ from typing import Any
 
 import numpy as np
 
-from ..suffix_tree import Draft, SuffixCache
-from ..tree import DraftTree
-from .base import DrafterEnv, Feedback
+from specrt.drafters.base import DrafterEnv, Feedback
+from specrt.drafters.indexes.suffix_tree import Draft, SuffixCache
+from specrt.tree import DraftTree
 
 log = logging.getLogger(__name__)
 

@@ -31,9 +31,9 @@ import heapq
 
 import numpy as np
 
-from ..topk import top_k
-from ..tree import DraftTree
-from .base import DrafterEnv, Feedback
+from specrt.drafters.base import DrafterEnv, Feedback
+from specrt.drafters.indexes.topk import top_k
+from specrt.tree import DraftTree
 
 DEFAULT_RANK_PROBS = (0.5, 0.15, 0.08, 0.05, 0.04, 0.03, 0.02, 0.02)  # per candidate rank, k = 8 as in the paper
 

@@ -8,8 +8,8 @@ step, :mod:`.stops` cuts stop strings, :mod:`.app` is the ASGI app, :mod:`.error
 shape, :mod:`.local` runs the app in a background thread.
 """
 
-from .app import ServeConfig, build_app
-from .local import LocalServer, serve_in_thread
-from .requests import Speculation
+from specrt.serve.app import ServeConfig, build_app
+from specrt.serve.local import LocalServer, serve_in_thread
+from specrt.serve.requests import Speculation
 
 __all__ = ["LocalServer", "ServeConfig", "Speculation", "build_app", "serve_in_thread"]

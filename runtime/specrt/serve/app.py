@@ -27,12 +27,12 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
-from ..errors import InvalidRequestError, SpecrtError
-from ..logprobs import TokenLogprob
-from ..model import SpecModel
-from .errors import ApiError
-from .generation import Generation
-from .requests import GenerationRequest, Speculation, parse_request
+from specrt.errors import InvalidRequestError, SpecrtError
+from specrt.logprobs import TokenLogprob
+from specrt.model import SpecModel
+from specrt.serve.errors import ApiError
+from specrt.serve.generation import Generation
+from specrt.serve.requests import GenerationRequest, Speculation, parse_request
 
 log = logging.getLogger(__name__)
 

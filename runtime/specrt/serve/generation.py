@@ -9,11 +9,11 @@ from typing import Any
 
 import numpy as np
 
-from ..cancel import CANCELLED, TIMEOUT, CancelToken
-from ..logprobs import TokenLogprob
-from ..model import SpecModel, TextStream
-from .requests import GenerationRequest
-from .stops import StopCutter
+from specrt.cancel import CANCELLED, TIMEOUT, CancelToken
+from specrt.logprobs import TokenLogprob
+from specrt.model import SpecModel, TextStream
+from specrt.serve.requests import GenerationRequest
+from specrt.serve.stops import StopCutter
 
 
 class Generation:

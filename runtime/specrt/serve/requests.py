@@ -14,11 +14,11 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from ..chat import messages
-from ..drafters import METHODS, NEEDS_DRAFT
-from ..errors import InvalidRequestError
-from ..model import SpecModel
-from .errors import invalid
+from specrt.chat import messages
+from specrt.drafters import METHODS, NEEDS_DRAFT
+from specrt.errors import InvalidRequestError
+from specrt.model import SpecModel
+from specrt.serve.errors import invalid
 
 MAX_STOPS = 4  # OpenAI's limit on stop strings
 MAX_LOGPROBS = 5  # OpenAI's limits: completions' logprobs, chat's top_logprobs

@@ -8,18 +8,17 @@ sha256; :func:`read_manifest` refuses a folder whose files do not match.
 
 from __future__ import annotations
 
-import hashlib
 import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .errors import ArtifactError
-from .stamp import FileState, Verified, read_stamp, write_stamp
+from specrt.backend.stamp import FileState, Verified, read_stamp, write_stamp
+from specrt.errors import ArtifactError
+from specrt.files import FileEntry, read_json_object, sha256_file
 
 MANIFEST_NAME = "manifest.json"
 FORMAT = "specrt-decoder/1"
-_HASH_CHUNK = 1 << 24
 
 
 @dataclass(frozen=True)
@@ -30,12 +29,6 @@ class ModelDims:
     hidden: int
     vocab: int
     max_context: int  # longest sequence (prompt + generation) the runtime may build
-
-
-@dataclass(frozen=True)
-class FileEntry:
-    sha256: str
-    bytes: int
 
 
 @dataclass(frozen=True)
@@ -65,7 +58,7 @@ class Manifest:
     tokenizer: str  # file name of tokenizer.json inside the folder
     eos_token_ids: tuple[int, ...]
     files: dict[str, FileEntry]  # every file of the folder but the manifest
-    io: dict[str, list[dict[str, Any]]]  # the contract table (see specrt.contract)
+    io: dict[str, list[dict[str, Any]]]  # the contract table (see specrt.backend.contract)
     producers: dict[str, str]  # package -> version of the tools that built it
     chat: ChatTemplate | None = None  # one user turn, rendered at export (no Jinja needed)
     chat_template: ChatTemplateFile | None = None  # any messages (specrt.chat); None in older artifacts
@@ -76,18 +69,6 @@ class Manifest:
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2, sort_keys=False) + "\n"
-
-
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(_HASH_CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
-def file_entry(path: Path) -> FileEntry:
-    return FileEntry(sha256=sha256_file(path), bytes=path.stat().st_size)
 
 
 def _require(raw: dict[str, Any], key: str, where: Path) -> Any:
@@ -143,7 +124,7 @@ def verify_files(manifest: Manifest, folder: Path, *, check_hashes: bool = True)
     """Raise :class:`ArtifactError` naming the first file that is missing or differs from the manifest.
 
     Sizes are always checked; sha256s unless ``check_hashes=False``, and then only for files
-    changed since the last load verified them (:mod:`specrt.stamp`)."""
+    changed since the last load verified them (:mod:`specrt.backend.stamp`)."""
     named = [manifest.decoder, manifest.tokenizer]
     if manifest.chat_template is not None:
         named.append(manifest.chat_template.file)
@@ -174,17 +155,6 @@ def verify_files(manifest: Manifest, folder: Path, *, check_hashes: bool = True)
             verified[name] = Verified(entry.sha256, before)
     if check_hashes and verified != stamp:
         write_stamp(folder, verified)
-
-
-def read_json_object(path: Path) -> dict[str, Any]:
-    """The JSON object in ``path`` (a manifest), or ArtifactError naming the file and the defect."""
-    try:
-        raw = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ArtifactError(f"{path}: not valid JSON ({e})") from None
-    if not isinstance(raw, dict):
-        raise ArtifactError(f"{path}: expected a JSON object at the top level")
-    return raw
 
 
 def read_manifest(folder: str | Path, *, check_hashes: bool = True) -> Manifest:

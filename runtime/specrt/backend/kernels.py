@@ -19,7 +19,7 @@ from pathlib import Path
 
 import onnxruntime as ort
 
-from .errors import ArtifactError
+from specrt.errors import ArtifactError
 
 DOMAIN = "ai.specrt"
 OPSET = 1

@@ -27,7 +27,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .errors import InvalidRequestError
+from specrt.errors import InvalidRequestError
+from specrt.sequences import common_prefix
 
 
 @dataclass(frozen=True)
@@ -61,13 +62,6 @@ class PrefixHit:
     def whole(self) -> bool:
         """The entry is the same prompt: its last logits give the first token, no pass runs."""
         return self.rows == len(self.entry.tokens)
-
-
-def common_prefix(a: np.ndarray, b: np.ndarray) -> int:
-    """Number of leading tokens ``a`` and ``b`` share."""
-    n = min(len(a), len(b))
-    diff = np.flatnonzero(a[:n] != b[:n])
-    return int(diff[0]) if len(diff) else n
 
 
 class PrefixCache:

@@ -8,7 +8,7 @@ side copies the cache.
 
     HostKV    numpy; bound as "cpu" memory; compaction is one numpy fancy-index copy
     DeviceKV  one OrtValue on the session's device ("cuda"; "cpu" to test the same code on the CPU EP),
-              never copied to the host; compaction gathers rows on the device (specrt.gather)
+              never copied to the host; compaction gathers rows on the device (specrt.backend.gather)
 
 Compaction (:meth:`compact`) keeps window slots ``keep`` (ascending, [k]) of the rows after
 ``past`` as rows ``past .. past + k - 1``; rolling back is the caller's ``past = k``, no copy.
@@ -22,8 +22,8 @@ from typing import Protocol
 import numpy as np
 import onnxruntime as ort
 
-from .binding import DEVICE_ID
-from .gather import Block, RowGather
+from specrt.backend.binding import DEVICE_ID
+from specrt.backend.gather import Block, RowGather
 
 FLOAT_BYTES = 4
 

@@ -5,7 +5,7 @@
     OrtDecoder      one sequence's KV cache on a DecoderSession; one per request in flight
 
 The cache is one preallocated block ``[2 * layers, capacity, kv_heads, head_dim]`` (a
-:mod:`specrt.kvstore` store). A forward pass binds rows ``[0, past)`` of each buffer as the past
+:mod:`specrt.backend.kvstore` store). A forward pass binds rows ``[0, past)`` of each buffer as the past
 input and rows ``[past, past + s)`` as the present output, so neither side copies the cache.
 :meth:`OrtDecoder.commit` then keeps the chosen window slots (the accepted path) by moving their
 rows down behind the past; nothing else moves.
@@ -26,13 +26,13 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
-from . import contract, kernels
-from .binding import PointerBinding
-from .errors import ArtifactError, InvalidRequestError, SpecrtError
-from .gather import Block, RowGather
-from .kvstore import FLOAT_BYTES, DeviceKV, DeviceScratch, HostKV, KVStore
-from .manifest import ModelDims
-from .tree import KEY_BLOCK
+from specrt.backend import contract, kernels
+from specrt.backend.binding import PointerBinding
+from specrt.backend.gather import Block, RowGather
+from specrt.backend.kvstore import FLOAT_BYTES, DeviceKV, DeviceScratch, HostKV, KVStore
+from specrt.backend.manifest import ModelDims
+from specrt.backend.window import KEY_BLOCK
+from specrt.errors import ArtifactError, InvalidRequestError, SpecrtError
 
 log = logging.getLogger(__name__)
 
@@ -85,7 +85,7 @@ def make_session(path: Path, provider: str, threads: int | None) -> ort.Inferenc
         options.intra_op_num_threads = threads
         options.inter_op_num_threads = 1
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    kernels.register(options)  # specrt's own operators, for graphs that use them (specrt.kernels)
+    kernels.register(options)  # specrt's own operators, for graphs that use them (specrt.backend.kernels)
     try:
         session = ort.InferenceSession(str(path), sess_options=options, providers=[(name, PROVIDER_OPTIONS[provider])])
     except Exception as e:  # onnxruntime raises its own untyped exceptions
@@ -138,7 +138,7 @@ class DecoderSession:
         self.provider = provider
         self.session = make_session(path, provider, threads)
         self.attention = graph_attention(self.session)
-        # cache slots a branching verify window must stay within (specrt.tree.fit_window); None: any
+        # cache slots a branching verify window must stay within (specrt.backend.window.fit_window); None: any
         self.key_block = None if self.attention == "specrt" else KEY_BLOCK
         self.device = DEVICES[provider] if device_cache else None  # None: host numpy caches
         self.gather = RowGather(PROVIDERS[provider]) if device_cache else None  # device-side row copies

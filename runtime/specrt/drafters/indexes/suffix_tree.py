@@ -38,7 +38,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .tree import DraftTree
+from specrt.tree import DraftTree
 
 
 class _Node:

@@ -1,13 +1,28 @@
-"""Lossless accept rules for drafts *sampled* from a draft model's distribution q.
+"""The accept rules: which drafted tokens the target accepts, and what it emits, in one module with
+one dispatcher (:meth:`Verifier.verify`) for every drafting method.
 
-(Deterministic drafts — n-gram lookups, greedy draft models — are walked by ``specrt.verify``.)
+Vocabulary (vLLM's): drafted tokens the target agrees with are *accepted*; after the first
+rejection the target's own token is the *recovered* token; when a leaf is reached with everything
+accepted, the target's next token is the *bonus* token. emitted = accepted + (recovered | bonus);
+a :class:`Walk` names the three.
+
+Window slots: slot 0 is the root, slot i + 1 is tree node i (see specrt.tree).
+
+Which rule walks a window (:meth:`Verifier.verify`):
+    greedy decoding       ``walk_greedy``: follow the target's argmax (exact for any draft)
+    sampling, a draft without q (n-gram lookups, retrieval; ``DraftTree.draft_probs`` None)
+                          ``walk_sampling``: recursive rejection sampling with q = a point mass
+    sampling, a draft sampled from q (a draft model)
+                          the method's rule (its registry entry, specrt.drafters.Method.accept):
+                          ``sd`` (a chain: token-wise; a tree: multi-candidate), ``hsd``, ``hsd_capped``
+
+Rules for drafts *sampled* from a draft model's distribution q.
 
 Notation. The draft ``x_1 .. x_g`` was drawn autoregressively, ``x_t ~ q_t = q(. | x_<t)``;
 ``p_t = p(. | x_<t)`` is the target's distribution at the same position and ``p_{g+1}`` the one
 after the whole draft; both are warped by the same temperature / top-k / top-p. Joint probabilities
 of a prefix: ``P_t = prod_{i <= t} p_i(x_i)``, ``Q_t = prod q_i(x_i)``, ratio ``rho_t = P_t / Q_t``
-(``rho_0 = 1``). Vocabulary of ``specrt.verify``: the *accepted* draft tokens, then one *recovered*
-token (after a rejection) or *bonus* token (after full acceptance). A rule returns a ``Walk``.
+(``rho_0 = 1``). A rule returns a ``Walk``.
 
 sd — token-wise speculative sampling (Leviathan et al. 2023; Chen et al. 2023)
     Accept ``x_t`` with probability ``min(1, p_t(x_t) / q_t(x_t))``, left to right; at the first
@@ -75,14 +90,76 @@ Trees under HSD: the joint rule is defined for one draft sequence; given a tree,
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
-from .errors import InvalidRequestError
-from .sampling import sample
-from .tree import DraftTree
-from .verify import Walk, walk_sampling
+from specrt.errors import InvalidRequestError
+from specrt.sampling import SamplingParams, sample, target_probs
+from specrt.tree import DraftTree
+
+
+@dataclass(frozen=True, eq=False)
+class Walk:
+    path: np.ndarray  # [a] accepted node indices, root to leaf
+    emitted: np.ndarray  # [a + 1] accepted tokens, then the recovered or bonus token
+    bonus: bool = False  # the last emitted token is the bonus (the path ends at a leaf), else recovered
+
+    @property
+    def accepted(self) -> np.ndarray:  # [a] the accepted drafted tokens
+        return self.emitted[:-1]
+
+    @property
+    def recovered(self) -> int | None:
+        """The target's token after the first rejection; None when the walk ended with a bonus."""
+        return None if self.bonus else int(self.emitted[-1])
+
+    @property
+    def bonus_token(self) -> int | None:
+        """The target's token after a fully accepted root-to-leaf path; None after a rejection."""
+        return int(self.emitted[-1]) if self.bonus else None
+
+
+def walk_greedy(tree: DraftTree, target_next: np.ndarray) -> Walk:
+    """Follow the target's argmax down the tree. target_next: [n + 1] argmax per window slot."""
+    path, emitted, node = [], [], -1
+    while True:
+        want = int(target_next[node + 1])
+        emitted.append(want)
+        match = [c for c in tree.children(node) if tree.token_ids[c] == want]
+        if not match:
+            return Walk(np.array(path, np.int64), np.array(emitted, np.int64))
+        node = int(match[0])
+        path.append(node)
+
+
+def walk_sampling(tree: DraftTree, probs: np.ndarray, rng: np.random.Generator) -> Walk:
+    """Lossless acceptance for deterministic drafts (a point mass per drafted token).
+
+    probs: [n + 1, vocab] target distribution per window slot. At each node the children are tried
+    in order; child x is accepted with probability r(x) / sum(r), where r is the residual target
+    distribution (the target's p with every rejected sibling zeroed), else r(x) := 0. If all are
+    rejected the recovered token is drawn from r; at a leaf the bonus token is drawn from p. This
+    is recursive rejection sampling with q = delta(x): the emitted token is distributed as p.
+    """
+    path, emitted, node = [], [], -1
+    while True:
+        residual = probs[node + 1].copy()
+        accepted = None
+        for child in tree.children(node):
+            x = int(tree.token_ids[child])
+            total = residual.sum()
+            if residual[x] > 0 and rng.random() * total < residual[x]:
+                accepted = int(child)
+                break
+            residual[x] = 0.0
+        if accepted is None:
+            emitted.append(sample(residual, rng))
+            return Walk(np.array(path, np.int64), np.array(emitted, np.int64))
+        emitted.append(int(tree.token_ids[accepted]))
+        path.append(accepted)
+        node = accepted
+
 
 ACCEPTANCE = ("sd", "hsd", "hsd_capped")
 
@@ -244,10 +321,13 @@ def first_child_path(tree: DraftTree) -> np.ndarray:
 
 
 class Verifier:
-    """The accept rule of one request's sampled drafts: ``sd``, ``hsd`` or ``hsd_capped``.
+    """One request's accept rules: :meth:`verify` walks every verify window of the request; its
+    ``acceptance`` (``sd``, ``hsd`` or ``hsd_capped``, the method's registry entry) is the rule for
+    drafts sampled from a q.
 
-    Holds HSD's forward-sampling state between verify passes (``resume``); the drafter reads it to
-    propose the open block's remaining levels (``forward_levels``)."""
+    Holds HSD's forward-sampling state between verify passes (``resume``); the engine hands
+    ``forward_levels`` to the drafter (``Feedback.open_levels``) to propose the open block's
+    remaining levels."""
 
     def __init__(self, acceptance: str = "sd"):
         if acceptance not in ACCEPTANCE:
@@ -263,8 +343,19 @@ class Verifier:
     def reset(self) -> None:
         self.resume = None
 
+    def verify(self, tree: DraftTree, logits: np.ndarray, sampling: SamplingParams, rng: np.random.Generator) -> Walk:
+        """The walk of one verify window (the module docstring's table). logits: [n + 1, vocab] the
+        target's per window slot; ``sampling`` warps them into p."""
+        if sampling.greedy:
+            walk = walk_greedy(tree, np.argmax(logits, axis=-1))
+        else:
+            walk = self.walk(tree, target_probs(logits, sampling), rng)
+        last = int(walk.path[-1]) if len(walk.path) else -1
+        return replace(walk, bonus=len(tree.children(last)) == 0)
+
     def walk(self, tree: DraftTree, probs: np.ndarray, rng: np.random.Generator) -> Walk:
-        """probs: [n + 1, vocab] the target's distribution per window slot."""
+        """The sampling half of :meth:`verify`. probs: [n + 1, vocab] the target's distribution per
+        window slot."""
         q = tree.draft_probs
         if self.resume is not None:
             chain = first_child_path(tree)

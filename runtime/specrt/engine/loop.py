@@ -24,20 +24,20 @@ from typing import Any
 
 import numpy as np
 
-from .backend import OrtDecoder
-from .backoff import Backoff
-from .blas import BlasGuard
-from .cancel import CancelToken
-from .cost import VerifyCostModel
-from .drafters import Drafter, Feedback
-from .errors import DrafterError, InvalidRequestError, check_int
-from .logprobs import TokenLogprob, token_logprobs, window_rows
-from .prefill import prefill
-from .prefix_cache import PrefixCache, PrefixEntry
-from .rejection import Verifier, accept_tree_stochastic
-from .sampling import SamplingParams, sample, target_probs
-from .tree import DraftTree, fit_window, flatten
-from .verify import Walk, walk_greedy, walk_sampling
+from specrt.backend.blas import BlasGuard
+from specrt.backend.prefill import prefill
+from specrt.backend.session import OrtDecoder
+from specrt.backend.window import fit_window, flatten
+from specrt.backoff import Backoff
+from specrt.cancel import CancelToken
+from specrt.cost import VerifyCostModel
+from specrt.drafters import Drafter, Feedback
+from specrt.engine.accept import Verifier
+from specrt.engine.prefix_cache import PrefixCache, PrefixEntry
+from specrt.errors import DrafterError, InvalidRequestError, check_int
+from specrt.logprobs import TokenLogprob, token_logprobs, window_rows
+from specrt.sampling import SamplingParams, sample, target_probs
+from specrt.tree import DraftTree
 
 
 @dataclass(frozen=True)
@@ -163,9 +163,10 @@ class SpeculativeLoop:
         cost: VerifyCostModel | None = None,
         method: str | None = None,  # the drafter's registered name, for error messages
         backoff_from: Backoff | None = None,  # an earlier request's back-off: start from its estimate
-        prefix_cache: PrefixCache | None = None,  # prompts' KV kept across requests (specrt.prefix_cache)
-        blas: BlasGuard | None = None,  # drafter calls run with one BLAS thread (specrt.blas); None: as they are
+        prefix_cache: PrefixCache | None = None,  # prompts' KV kept across requests (specrt.engine.prefix_cache)
+        blas: BlasGuard | None = None,  # drafter calls on one BLAS thread (specrt.backend.blas); None: as they are
         cancel: CancelToken | None = None,  # checked before each prefill pass and verify step (specrt.cancel)
+        acceptance: str = "sd",  # the accept rule of drafts sampled from a q (the method's registry entry)
     ):
         self.cancel = cancel
         self.decoder = decoder
@@ -183,6 +184,7 @@ class SpeculativeLoop:
         if config.backoff:
             self.backoff = backoff_from.carried_over() if backoff_from is not None else Backoff(cost)
         self.rng = np.random.default_rng(config.seed)
+        self.verifier = Verifier(acceptance)  # every window's walk (specrt.engine.accept)
         self.stats = LoopStats()
         # "eos", "length" (max_new_tokens), "context" (context full), "cancelled" or "timeout" (specrt.cancel)
         self.finish_reason: str | None = None
@@ -194,21 +196,6 @@ class SpeculativeLoop:
         if self.config.sampling.greedy:
             return int(np.argmax(logits))
         return sample(target_probs(logits[None], self.config.sampling)[0], self.rng)
-
-    def _walk(self, tree: DraftTree, logits: np.ndarray) -> Walk:  # logits: [n + 1, vocab]
-        """Greedy: follow the argmax (exact for any draft). Sampling: the drafter's own accept rule
-        when it has one (``verifier``, see specrt.rejection); drafts sampled from a q without one
-        (``tree.draft_probs``) get sd / multi-candidate recursive rejection sampling; deterministic
-        drafts get ``walk_sampling``."""
-        if self.config.sampling.greedy:
-            return walk_greedy(tree, np.argmax(logits, axis=-1))
-        probs = target_probs(logits, self.config.sampling)  # [n + 1, vocab]
-        verifier: Verifier | None = getattr(self.drafter, "verifier", None)
-        if verifier is not None:
-            return verifier.walk(tree, probs, self.rng)
-        if tree.draft_probs is not None:
-            return accept_tree_stochastic(tree, tree.draft_probs, probs, self.rng)
-        return walk_sampling(tree, probs, self.rng)
 
     def _stop(self, emitted: np.ndarray, produced: int) -> tuple[np.ndarray, str | None]:
         """Cut ``emitted`` at the first EOS (kept) or at the limit (max_new_tokens or the context's end)."""
@@ -333,7 +320,7 @@ class SpeculativeLoop:
             stats.verify_s += elapsed
             if self.cost is not None:
                 self.cost.record(len(window.input_ids), elapsed)
-            walk = self._walk(tree, out.logits)
+            walk = self.verifier.verify(tree, out.logits, self.config.sampling, self.rng)
             self.decoder.commit(np.concatenate([[0], walk.path + 1]))
 
             emitted, self.finish_reason = self._stop(walk.emitted, stats.new_tokens)
@@ -346,7 +333,7 @@ class SpeculativeLoop:
             context = np.concatenate([context, emitted])
             if self.backoff is not None:
                 self.backoff.observe_context(context)
-            feedback = Feedback(tree, walk.path, out.logits, out.hidden_states)
+            feedback = Feedback(tree, walk.path, out.logits, out.hidden_states, self.verifier.forward_levels)
             self._call_drafter("observe", self.drafter.observe, emitted, feedback)
             stats.decode_s += time.perf_counter() - t_step
             yield emitted

@@ -23,8 +23,8 @@ from typing import NamedTuple
 import numpy as np
 import onnxruntime as ort
 
-from .binding import PointerBinding
-from .errors import SpecrtError
+from specrt.backend.binding import PointerBinding
+from specrt.errors import SpecrtError
 
 OPSET = 13  # Gather with negative-index support; every onnxruntime >= 1.20 runs it
 IR_VERSION = 8

@@ -6,7 +6,7 @@ Built by the pipeline's corpora stage (``pipeline/corpora.py``), read by the ``r
     datastore.json          the manifest: format, tokenizer sha256, sources, sizes, every file's sha256
     tokens.npy              [n] int32   documents, each followed by SEPARATOR (-1)
     suffix_array.npy        [n] int32   start positions of the suffixes of tokens, in lexicographic order
-    sam_length.npy          [states] int32      static suffix automaton over tokens (specrt.suffix_automaton)
+    sam_length.npy          [states] int32      static suffix automaton over tokens (indexes.suffix_automaton)
     sam_link.npy            [states] int32
     sam_first_end.npy       [states] int32
     sam_offsets.npy         [states + 1] int32  CSR: the transitions of state v are edges offsets[v]:offsets[v+1]
@@ -34,10 +34,10 @@ from typing import Any
 
 import numpy as np
 
-from .errors import ArtifactError
-from .manifest import FileEntry, file_entry, read_json_object, sha256_file
-from .suffix_automaton import StaticAutomaton
-from .suffix_automaton import build as build_automaton
+from specrt.drafters.indexes.suffix_automaton import StaticAutomaton
+from specrt.drafters.indexes.suffix_automaton import build as build_automaton
+from specrt.errors import ArtifactError
+from specrt.files import FileEntry, file_entry, read_json_object, sha256_file
 
 log = logging.getLogger(__name__)
 

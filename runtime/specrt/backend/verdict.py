@@ -1,7 +1,7 @@
 """Where a spec-safety verdict holds: what the gate's verdict rests on, and the self-check that
 replaces it on a machine it does not reach.
 
-The gate (specrt.spec_gate) runs where the artifact is built and records, beside its verdict
+The gate (specrt.engine.spec_gate) runs where the artifact is built and records, beside its verdict
 (manifest ``checks.gate.basis``), what the verdict rests on:
 
     by_construction   no operator of the graph may round a row differently in a window: each one
@@ -15,7 +15,7 @@ The gate (specrt.spec_gate) runs where the artifact is built and records, beside
 
 Before a model's first speculative request the runtime compares the basis with this machine
 (:func:`covers`). Where it does not cover it, a short self-check runs instead
-(:func:`specrt.spec_gate.self_check`): the gate on two built-in prompts (16 tokens, windows of 4,
+(:func:`specrt.engine.spec_gate.self_check`): the gate on two built-in prompts (16 tokens, windows of 4,
 chain and tree; seconds), cached per decoder and machine in ``$SPECRT_CACHE_DIR`` (default
 ``~/.cache/specrt``) under ``selfcheck/``.
 """
@@ -29,7 +29,7 @@ from typing import Any
 
 import onnxruntime as ort
 
-from . import kernels
+from specrt.backend import kernels
 
 # Operators whose onnxruntime kernels choose their code path by the number of rows (GEMV vs GEMM,
 # one-row activation blocks, attention tiling): a window's row may round differently from a single step.

@@ -29,11 +29,12 @@ from typing import Any
 
 import numpy as np
 
-from .backend import OrtDecoder
-from .cachedir import cache_root, write_json_atomic
-from .prefill import prefill
-from .tree import DraftTree, causal_bias, fit_window, flatten
-from .verdict import SELF_CHECK, Verdict, basis, machine
+from specrt.backend.prefill import prefill
+from specrt.backend.session import OrtDecoder
+from specrt.backend.verdict import SELF_CHECK, Verdict, basis, machine
+from specrt.backend.window import causal_bias, fit_window, flatten
+from specrt.files import cache_root, write_json_atomic
+from specrt.tree import DraftTree
 
 log = logging.getLogger(__name__)
 
@@ -168,7 +169,7 @@ def run_gate(
 def gate_from_params(decoder: OrtDecoder, prompts: list[np.ndarray], params: dict,
                      op_types: set[str] | None = None) -> dict:
     """:func:`run_gate` with ``params.yaml: gate`` settings, timed; with the graph's ``op_types``,
-    also what the verdict rests on (``basis``, specrt.verdict)."""
+    also what the verdict rests on (``basis``, specrt.backend.verdict)."""
     t0 = time.perf_counter()
     report = run_gate(decoder, prompts, new_tokens=params["new_tokens"], widths=tuple(params["widths"]),
                       chunk=params["prefill_chunk"])

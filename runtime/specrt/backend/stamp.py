@@ -21,7 +21,7 @@ import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from .cachedir import cache_root, write_json_atomic
+from specrt.files import cache_root, write_json_atomic
 
 log = logging.getLogger(__name__)
 

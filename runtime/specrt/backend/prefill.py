@@ -11,8 +11,8 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from .backend import ForwardOutput, OrtDecoder
-from .tree import causal_bias
+from specrt.backend.session import ForwardOutput, OrtDecoder
+from specrt.backend.window import causal_bias
 
 
 def prefill(
