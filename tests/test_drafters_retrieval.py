@@ -20,7 +20,7 @@ from specrt.drafters.rest import Rest, frequency_tree
 from specrt.drafters.sam import AcceptanceModel, AdaptiveSam, SamDecoding
 from specrt.errors import ArtifactError, InvalidRequestError
 from specrt.tree import DraftTree
-from tests.helpers import PROMPTS, TRAINING_TEXT, as_lists, ctx
+from tests.helpers import TRAINING_TEXT, as_lists, ctx
 
 SHA = "c" * 64
 #        docs of the literal store:  [1 2 3 4]  [1 2 3 5]  [1 2 3 4]  [7 1 2 6]
@@ -360,24 +360,6 @@ def model(tiny_artifact, tmp_path_factory):
     out = tmp_path_factory.mktemp("datastore")
     build_from_texts([("train", "tests.tiny.TRAINING_TEXT", TRAINING_TEXT)], folder / "tokenizer.json", out)
     return specrt.load(folder, datastore=out)
-
-
-@pytest.mark.parametrize("tree", [False, True], ids=["chain", "tree"])
-def test_retrieval_drafters_are_bit_exact_with_baseline(model, tree):
-    factories = {
-        "rest": rest.make, "sam_decoding": sam.make, "asam": sam.make_asam, "asam_verify": sam.make_asam_verify,
-    }
-    accepted = dict.fromkeys(factories, 0)
-    for prompt in PROMPTS:
-        ids = model.encode(prompt)
-        base, _ = model.generate_ids(ids, method="baseline", max_new_tokens=30)
-        for name, factory in factories.items():
-            out, loop = model.generate_ids(ids, method=factory(model.drafter_env(tree)), max_new_tokens=30)
-            assert out.tolist() == base.tolist(), (name, prompt)
-            assert loop.stats.drafted <= loop.stats.steps * 8  # the default draft budget held
-            accepted[name] += loop.stats.accepted
-    print(f"accepted drafts over {len(PROMPTS)} prompts:", accepted)
-    assert all(n > 5 for n in accepted.values()), accepted
 
 
 def test_cli_finds_the_sibling_datastore(tiny_artifact, tmp_path, capsys):

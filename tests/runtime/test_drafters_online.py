@@ -15,7 +15,7 @@ from specrt.drafters.pld_plus import HiddenStore, PromptLookupPlus
 from specrt.drafters.token_recycling import DEFAULT_RANK_PROBS, TokenRecycling, tree_template
 from specrt.engine.accept import walk_greedy
 from specrt.tree import DraftTree
-from tests.helpers import PROMPTS, as_lists, ctx
+from tests.helpers import as_lists, ctx
 
 VOCAB = 10
 FACTORIES = {
@@ -511,26 +511,3 @@ def test_proposals_are_well_formed_under_random_feedback(name, tree_mode, prompt
         emitted = walk.emitted[: rng.integers(1, len(walk.emitted) + 1)]
         drafter.observe(emitted, Feedback(tree, walk.path, logits, rng.normal(size=(n + 1, 3)).astype(np.float32)))
         context = np.concatenate([context, emitted])
-
-
-# ---------------------------------------------------------------------------------------------
-# end to end: bit-exact with plain decoding on the tiny models, and some drafts accepted
-
-
-@pytest.fixture(scope="module")
-def baseline(model):
-    prompts = [model.encode(p) for p in PROMPTS]
-    return [(ids, model.generate_ids(ids, method="baseline", max_new_tokens=30)[0]) for ids in prompts]
-
-
-@pytest.mark.parametrize("tree_mode", [False, True], ids=["chain", "tree"])
-@pytest.mark.parametrize("name", sorted(FACTORIES))
-def test_bit_exact_with_baseline_and_accepts_drafts(model, baseline, name, tree_mode):
-    env = DrafterEnv(vocab=model.manifest.dims.vocab, tree=tree_mode)  # fresh state: token_recycling starts cold
-    accepted = 0
-    for ids, expected in baseline:
-        drafter = FACTORIES[name](env)
-        out, loop = model.generate_ids(ids, method=drafter, max_new_tokens=30)
-        assert out.tolist() == expected.tolist(), (name, model.tokenizer.decode(ids.tolist()))
-        accepted += loop.stats.accepted
-    assert accepted > 0, name
