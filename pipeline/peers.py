@@ -11,8 +11,8 @@ Peers, each greedy, batch 1, on the CPU, with the same intra-op thread count as 
 
 - ``ort-genai/<precision>/plain``: onnxruntime-genai's model builder turns the HF checkpoint into
   its own ONNX model (``python -m onnxruntime_genai.models.builder -i HF -o OUT -p int4|int8|fp32 -e cpu``;
-  the int4 build gets :data:`GENAI_INT4_OPTIONS`, our int4 recipe; int8 :data:`GENAI_INT8_OPTIONS`,
-  8-bit weights and activations as our W8A8), run by its ``Generator`` loop
+  the int4 build gets ``GENAI_INT4_OPTIONS``, our int4 recipe; int8 ``GENAI_INT8_OPTIONS``, 8-bit weights
+  and activations as our W8A8: :mod:`pipeline.lib.genai_peer`), run by its ``Generator`` loop
   (``append_tokens`` the prompt ids, then ``generate_next_token`` until done).
 - ``ort-genai/<precision>/ngram``: the same model with onnxruntime-genai's own n-gram (prompt
   lookup) speculative decoding, ``GeneratorParams.set_speculative_options(ngram_size=...,
@@ -129,7 +129,7 @@ def run_genai(
     name: str | None = None,
 ) -> dict[str, Any]:
     """Greedy onnxruntime-genai generation of every prompt ([t] token ids); with ``speculative``
-    (options of ``GeneratorParams.set_speculative_options``, e.g. :data:`GENAI_NGRAM`) its
+    (options of ``GeneratorParams.set_speculative_options``, e.g. :data:`pipeline.lib.genai_peer.GENAI_NGRAM`) its
     speculative decoding. ``eos_token_ids`` replaces the model's stop ids."""
     import onnxruntime_genai as og
 
@@ -155,7 +155,7 @@ def run_hf(
     name: str | None = None,
 ) -> dict[str, Any]:
     """Greedy transformers ``generate`` (torch, fp32) of every prompt in this process (see
-    :func:`hf_generator`). ``model``: an already loaded ``AutoModelForCausalLM`` of ``hf_dir``."""
+    :func:`pipeline.lib.hf_peer.hf_generator`). ``model``: an already loaded ``AutoModelForCausalLM`` of ``hf_dir``."""
     generate = hf_generator(model if model is not None else load_causal_lm(hf_dir), threads, prompt_lookup,
                             eos_token_ids)
     generate(prompts[0], min(WARMUP_TOKENS, max_new_tokens))
