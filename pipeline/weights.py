@@ -138,7 +138,7 @@ def _parse_package(where: str, index: int, raw: dict[str, Any]) -> PackageSpec:
     return PackageSpec(name=str(name), version=str(version), member=member, sha256sums=sums)
 
 
-# --------------------------------------------------------------------------- fetching
+# ----------------------------------------------------------------- archives (pipeline.lib.packages fetches them)
 
 
 def sha256_file(path: Path) -> str:
