@@ -12,7 +12,7 @@ earlier turns (decoded text, fed back as the assistant's messages). A prompt lon
 ``max_prompt_tokens`` keeps its last tokens (the question's end and the generation prompt).
 
 For every prompt, plain decoding of the same artifact runs first, the methods after it, and plain
-decoding once more after every ``baseline_every`` methods and at the end (pipeline.bench), greedy:
+decoding once more after every ``baseline_every`` methods and at the end (pipeline.lib.measure), greedy:
 a method's speedup is over the mean of the two plain runs that bracket it, and ``baseline_drift``
 says how far the machine moved between them. Written:
 
@@ -45,12 +45,13 @@ from typing import Any
 import specrt
 from specrt.drafters import NEEDS_DRAFT
 
-from .atomic import write_text_atomic
-from .bench import PREFIX_CACHE_MB, Prompt, Run, Tally, measure
-from .lossless import RETRIEVAL, exit_code
-from .params import stage_params
-from .roofline import gathered_bytes, read_bandwidth, roofline
-from .specbench import TASKS, Question, first_per_task, read_questions
+from .lib.atomic import write_text_atomic
+from .lib.measure import PREFIX_CACHE_MB, Prompt, Run, Tally, measure
+from .lib.methods import RETRIEVAL
+from .lib.params import stage_params
+from .lib.roofline import gathered_bytes, read_bandwidth, roofline
+from .lib.specbench import TASKS, Question, first_per_task, read_questions
+from .lib.verdict import exit_code
 
 log = logging.getLogger(__name__)
 

@@ -46,8 +46,8 @@ from specrt.drafters.sam import AcceptanceModel, AdaptiveSam, SamDecoding
 from specrt.engine.accept import walk_greedy
 from specrt.files import sha256_file
 
-from .atomic import staged_dir, write_text_atomic
-from .weights import PackageSpec, fetch_package
+from .lib.atomic import staged_dir, write_text_atomic
+from .lib.packages import PackageSpec, fetch_package
 
 log = logging.getLogger(__name__)
 
@@ -202,7 +202,7 @@ def build_from_texts(
     for name, origin, texts in sources:
         encs = tokenizer.encode_batch(list(texts), add_special_tokens=False) if texts else []
         tokenized.append((name, origin, [np.array(e.ids, np.int32) for e in encs]))
-    with staged_dir(out) as stage:  # out appears complete or not at all (pipeline.atomic)
+    with staged_dir(out) as stage:  # out appears complete or not at all (pipeline.lib.atomic)
         manifest = write_datastore(stage, tokenized, sha256_file(tokenizer_json))
     return json.loads(manifest.to_json())
 
@@ -287,7 +287,7 @@ def run(tokenizer_json: Path, out: Path, cache: Path, params: dict[str, Any]) ->
     tokenize_s = time.perf_counter() - t_start
 
     t0 = time.perf_counter()
-    with staged_dir(out) as stage:  # out appears complete or not at all (pipeline.atomic)
+    with staged_dir(out) as stage:  # out appears complete or not at all (pipeline.lib.atomic)
         manifest = write_datastore(
             stage, [(s.name, s.origin, s.documents) for s in sources], sha256_file(tokenizer_json)
         )

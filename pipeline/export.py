@@ -11,7 +11,6 @@ longer than any sliding window, for a chain and for a tree verify window.
 from __future__ import annotations
 
 import argparse
-import importlib.metadata
 import json
 import logging
 import shutil
@@ -22,50 +21,33 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import onnx
 import torch
 import yaml
 from transformers import AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from specrt.backend import contract
-from specrt.backend.manifest import MANIFEST_NAME, ChatTemplate, ChatTemplateFile, Manifest
+from specrt.backend.manifest import MANIFEST_NAME, Manifest
 from specrt.backend.session import OrtDecoder
 from specrt.engine.spec_gate import gate_from_params
 from specrt.files import file_entry
 
-from .atomic import staged_dir, write_text_atomic
-from .checkpoint import load_causal_lm
-from .decoder_graph import export_onnx, model_dims
-from .params import gated, stage_params
-from .parity import check_parity
-from .specbench import calibration_prompts
+from .lib.atomic import staged_dir, write_text_atomic
+from .lib.chat_template import chat_template, write_chat_template
+from .lib.checkpoint import load_causal_lm
+from .lib.decoder_graph import export_onnx, model_dims
+from .lib.params import gated, stage_params
+from .lib.parity import check_parity
+from .lib.provenance import graph_op_types, producer_versions
+from .lib.specbench import calibration_prompts
 
 log = logging.getLogger(__name__)
 
 DECODER_FILE = "decoder.onnx"
 TOKENIZER_FILE = "tokenizer.json"
-CHAT_TEMPLATE_FILE = "chat_template.jinja"  # the model's Jinja chat template, rendered by specrt.chat
-PRODUCERS = ("torch", "transformers", "onnx", "onnxscript", "onnxruntime", "tokenizers", "numpy")
-_CHAT_SLOT = "\u2063PROMPT\u2063"  # an invisible separator that no template contains
 
 
 class ParityError(RuntimeError):
     pass
-
-
-def graph_op_types(path: Path) -> set[str]:
-    """The operator types of the ONNX graph at ``path`` (its weights are not read)."""
-    return {node.op_type for node in onnx.load(path, load_external_data=False).graph.node}
-
-
-def producer_versions() -> dict[str, str]:
-    versions = {}
-    for pkg in PRODUCERS:
-        try:
-            versions[pkg] = importlib.metadata.version(pkg)
-        except importlib.metadata.PackageNotFoundError:
-            pass
-    return versions
 
 
 def eos_token_ids(
@@ -88,33 +70,6 @@ def eos_token_ids(
     if not ids:
         raise ValueError("no EOS token id in the generation config, model config or tokenizer")
     return tuple(ids)
-
-
-def chat_template(tokenizer: PreTrainedTokenizerBase) -> ChatTemplate | None:
-    """The model's single-user-turn template split around the prompt, or None if it has none."""
-    if not getattr(tokenizer, "chat_template", None):
-        return None
-    text = tokenizer.apply_chat_template(
-        [{"role": "user", "content": _CHAT_SLOT}], tokenize=False, add_generation_prompt=True
-    )
-    prefix, found, suffix = text.partition(_CHAT_SLOT)
-    if not found:
-        raise ValueError("the chat template dropped the user message; cannot split it around the prompt")
-    return ChatTemplate(prefix=prefix, suffix=suffix)
-
-
-def write_chat_template(tokenizer: PreTrainedTokenizerBase, out: Path) -> ChatTemplateFile | None:
-    """The tokenizer's Jinja chat template (from the checkpoint's tokenizer_config.json, which the
-    weights stage took from the GGUF) written to ``out/chat_template.jinja``, with the special tokens
-    it may read by name (as ``apply_chat_template`` passes them); None when it has no template."""
-    template = getattr(tokenizer, "chat_template", None)
-    if not template:
-        return None
-    if not isinstance(template, str):
-        raise ValueError(f"the tokenizer's chat_template is a {type(template).__name__}, expected one template (str)")
-    (out / CHAT_TEMPLATE_FILE).write_text(template, encoding="utf-8")
-    special = {k: v for k, v in tokenizer.special_tokens_map.items() if isinstance(v, str)}
-    return ChatTemplateFile(file=CHAT_TEMPLATE_FILE, special_tokens=special)
 
 
 def check_tokenizer(tokenizer: PreTrainedTokenizerBase, tokenizer_json: Path, samples: list[str]) -> None:
@@ -146,7 +101,7 @@ def build_artifact(
 ) -> Manifest:
     """Export, copy the tokenizer, check parity and write the manifest (options: see
     :func:`_write_artifact`) into a folder beside ``out``, renamed onto ``out`` once complete
-    (pipeline.atomic): ``out`` never holds a half-written artifact, and an interrupted run leaves an
+    (pipeline.lib.atomic): ``out`` never holds a half-written artifact, and an interrupted run leaves an
     old ``out`` as it was. A failed parity check still publishes the folder, with
     ``parity_failed.json`` and without a manifest (the runtime refuses it), then raises ParityError."""
     with staged_dir(out) as stage:

@@ -9,7 +9,7 @@
     OUT/llama_build.json           what was built and how: version, cmake_args, command, seconds, bytes
         | a fresh interpreter with OUT first on sys.path imports llama_cpp: the libraries load
         v
-    the peers stage's llama.cpp worker puts OUT on sys.path (pipeline/peer_worker.py)
+    the peers stage's llama.cpp worker puts OUT on sys.path (pipeline/lib/peer_worker.py)
 
 Nothing is installed into the running environment. ``--no-deps``: llama_cpp's own dependencies
 numpy, jinja2 and typing-extensions come from the environment (the pipeline's), diskcache, which
@@ -38,11 +38,9 @@ Run without DVC:
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import logging
 import os
-import platform
 import re
 import shlex
 import shutil
@@ -54,13 +52,13 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from .atomic import staged_dir, write_text_atomic
-from .params import stage_params
+from .lib.atomic import staged_dir, write_text_atomic
+from .lib.llama_record import RECORD, cpu_model
+from .lib.params import stage_params
 
 log = logging.getLogger(__name__)
 
 PACKAGE = "llama-cpp-python"
-RECORD = "llama_build.json"
 SKIP_COMMON = "set(LLAMA_BUILD_COMMON OFF)  # pipeline/llama_build.py: llama_cpp never loads libllama-common\n"
 # llama_cpp's own dependencies that the build environment lacks, installed beside it (pure Python);
 # numpy, jinja2 and typing-extensions come from the environment
@@ -139,16 +137,6 @@ def check_source(build: LlamaBuild, source: Path) -> None:
     if f"-{build.version}.tar.gz" not in source.name:
         raise ValueError(f"--source {source.name} is not llama-cpp-python {build.version} "
                          f"(peers_full.llama_cpp.version); expected a name ending in -{build.version}.tar.gz")
-
-
-def cpu_model() -> str:
-    """This machine's CPU model name (``/proc/cpuinfo``, else ``platform.processor()``): a
-    ``GGML_NATIVE`` build targets the CPU it was built on."""
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    return platform.processor() or platform.machine()
 
 
 def _cmake_version(cmake: str) -> tuple[int, ...] | None:
@@ -262,21 +250,6 @@ def build_llama_cpp(build: LlamaBuild | None, out: Path, source: Path | None = N
             "bytes": sum(p.stat().st_size for p in stage.rglob("*") if p.is_file()),
         })
         write_text_atomic(stage / RECORD, json.dumps(record, indent=2) + "\n")
-    return record
-
-
-def read_record(folder: Path) -> dict[str, Any]:
-    """The build record of a ``llama_cpp`` stage output; an error when the folder holds no built
-    package, a warning when it was built on another CPU model (``GGML_NATIVE``)."""
-    path = Path(folder) / RECORD
-    if not path.is_file():
-        raise FileNotFoundError(f"{folder}: no {RECORD}; build it with `python -m pipeline.llama_build`")
-    record = json.loads(path.read_text())
-    if not record.get("built"):
-        raise ValueError(f"{folder}: llama.cpp was not built (llama_cpp.enabled was false in its params section)")
-    if record.get("cpu") != (here := cpu_model()):
-        log.warning("%s was built on a %s, this is a %s: its -march=native code may not suit this CPU "
-                    "(rebuild: dvc repro -f llama_cpp)", folder, record.get("cpu"), here)
     return record
 
 

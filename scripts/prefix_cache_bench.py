@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 
 import specrt
-from pipeline.specbench import read_questions
+from pipeline.lib.specbench import read_questions
 
 REPO = Path(__file__).resolve().parents[1]
 

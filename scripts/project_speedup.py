@@ -38,7 +38,7 @@ import numpy as np
 
 import specrt
 from pipeline.benchmark import chat_renderer
-from pipeline.specbench import TASKS, read_questions
+from pipeline.lib.specbench import TASKS, read_questions
 from scripts.copy_ceiling import copy_ceiling
 from specrt.backoff import Backoff
 from specrt.cost import VerifyCostModel

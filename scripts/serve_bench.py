@@ -32,7 +32,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import specrt
-from pipeline.specbench import read_questions
+from pipeline.lib.specbench import read_questions
 from specrt.drafters import DEFAULT_METHOD
 
 

@@ -50,10 +50,10 @@ def tiny_qwen2(tmp_path_factory) -> tuple[Path, Path]:
 def tiny_qwen2_genai(tiny_qwen2, tmp_path_factory) -> Path:
     """onnxruntime-genai's fp32 model folder of :func:`tiny_qwen2`'s checkpoint."""
     pytest.importorskip("onnxruntime_genai", reason="onnxruntime-genai is not installed")
-    from pipeline import peers
+    from pipeline.lib import genai_peer
 
     out = tmp_path_factory.mktemp("tiny-qwen2-genai") / "fp32"
-    peers.build_genai(tiny_qwen2[1], out, "fp32")
+    genai_peer.build_genai(tiny_qwen2[1], out, "fp32")
     return out
 
 

@@ -1,4 +1,4 @@
-"""The benchmark core (pipeline.bench) and the pair benchmark stage (pipeline.pair_bench) on tiny models."""
+"""The benchmark core (pipeline.lib.measure) and the pair benchmark stage (pipeline.pair_bench) on tiny models."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import specrt
-from pipeline.bench import Prompt, Run, markdown, matched_prefix, measure, summarize
+from pipeline.lib.measure import Prompt, Run, markdown, matched_prefix, measure, summarize
 from tests.helpers import PROMPTS, specbench_questions
 from tests.tiny_pair import build_tiny_pair
 
@@ -244,7 +244,7 @@ def test_summary_prints_the_best_benchmark_run_and_peer_ratios(tmp_path):
 
 
 def test_speedup_interval_resamples_prompts():
-    from pipeline.bench import speedup_interval
+    from pipeline.lib.measure import speedup_interval
 
     assert speedup_interval([(32, 1.0, 32, 2.0)]) is None  # one prompt: no interval
     assert speedup_interval([(32, 1.0, 32, 2.0)] * 4) == [2.0, 2.0]  # identical prompts: no spread

@@ -1,4 +1,4 @@
-"""The Spec-Bench benchmark stage (pipeline.benchmark) and the roofline (pipeline.roofline) on a tiny model."""
+"""The Spec-Bench benchmark stage (pipeline.benchmark) and the roofline (pipeline.lib.roofline) on a tiny model."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 
 import specrt
-from pipeline.bench import Prompt, Tally
 from pipeline.benchmark import baseline_speed, chat_renderer, conversation_prompts, histogram, main, methods_to_run
-from pipeline.roofline import kv_bytes_per_position, roofline, weight_bytes
-from pipeline.specbench import Question
+from pipeline.lib.measure import Prompt, Tally
+from pipeline.lib.roofline import kv_bytes_per_position, roofline, weight_bytes
+from pipeline.lib.specbench import Question
 from specrt.backend.manifest import read_manifest
 from tests.helpers import PROMPTS
 
@@ -111,7 +111,7 @@ def test_gathered_bytes_counts_tables_that_only_a_gather_reads(tmp_path):
     import onnx
     from onnx import TensorProto, helper, numpy_helper
 
-    from pipeline.roofline import gathered_bytes
+    from pipeline.lib.roofline import gathered_bytes
 
     table = numpy_helper.from_array(np.zeros((10, 4), np.float32), "table")  # embedding only: 160 bytes
     tied = numpy_helper.from_array(np.zeros((10, 4), np.float32), "tied")  # gathered and read by a MatMul

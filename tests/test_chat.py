@@ -124,8 +124,8 @@ def test_export_stores_the_template(tiny_chat_artifact):
 
 
 def test_quantized_variants_keep_the_template(tiny_chat_artifact, tmp_path):
+    from pipeline.lib.quantize_graph import QuantConfig
     from pipeline.quantize import quantize_artifact
-    from pipeline.quantize_graph import QuantConfig
 
     config = QuantConfig(method="specrt_q4", bits=4, block_size=32, lm_head_bits=4, embedding_bits=4)
     prompts = [specrt.load(tiny_chat_artifact).encode("def add(a, b):")]

@@ -1,5 +1,5 @@
 """The weights stage's checkpoint folder: config and tokenizer beside a pointer to the GGUF that
-keeps the weights (pipeline/checkpoint.py), on a tiny Qwen2 written as a float32 GGUF."""
+keeps the weights (pipeline/lib/checkpoint.py), on a tiny Qwen2 written as a float32 GGUF."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast
 
-from pipeline import checkpoint, weights
+from pipeline import weights
+from pipeline.lib import checkpoint
 from tests.helpers import EOS, PROMPTS, tiny_tokenizer
 from tests.tiny import tiny_gguf, tiny_model
 

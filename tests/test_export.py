@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from pipeline.decoder_graph import sliding_bias
-from pipeline.parity import torch_logits
+from pipeline.lib.decoder_graph import sliding_bias
+from pipeline.lib.parity import torch_logits
 from specrt.backend import contract, verdict
 from specrt.backend.manifest import read_manifest
 from specrt.backend.prefill import prefill
@@ -93,7 +93,7 @@ def test_sliding_bias_masks_keys_a_window_behind():
 def test_gemma_sliding_window_matters_on_long_prompts(tmp_path):
     """Negative check: the same export with the sliding rule dropped differs from torch, so the
     parity check above can fail."""
-    from pipeline import decoder_graph
+    from pipeline.lib import decoder_graph
     from tests.tiny import build_tiny_artifact
 
     original = decoder_graph.sliding_bias
@@ -121,7 +121,7 @@ def _grouped_case(heads: int, kv: int, s: int = 5, past: int = 7, d: int = 8):
 def test_grouped_attention_equals_eager_attention_on_a_tree_mask(heads, kv):
     from transformers.models.qwen2.modeling_qwen2 import eager_attention_forward
 
-    from pipeline.grouped_attention import grouped_attention
+    from pipeline.lib.grouped_attention import grouped_attention
 
     query, key, value, bias = _grouped_case(heads=heads, kv=kv)
     module = torch.nn.Module()
@@ -134,7 +134,7 @@ def test_grouped_attention_equals_eager_attention_on_a_tree_mask(heads, kv):
 
 @pytest.mark.parametrize("heads, kv, message", [(1, 1, "needs >= 2 query heads"), (6, 4, "do not group")])
 def test_grouped_attention_refuses_layouts_it_cannot_keep_batch_invariant(heads, kv, message):
-    from pipeline.grouped_attention import grouped_attention
+    from pipeline.lib.grouped_attention import grouped_attention
 
     query, key, value, bias = _grouped_case(heads, kv)
     with pytest.raises(ValueError, match=message):
@@ -144,7 +144,7 @@ def test_grouped_attention_refuses_layouts_it_cannot_keep_batch_invariant(heads,
 def test_spec_attention_export_refuses_a_head_dim_the_kernel_does_not_take(tmp_path):
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    from pipeline.decoder_graph import export_onnx, model_dims
+    from pipeline.lib.decoder_graph import export_onnx, model_dims
 
     config = Qwen2Config(vocab_size=64, hidden_size=48, intermediate_size=64, num_hidden_layers=1,
                          num_attention_heads=4, num_key_value_heads=2)  # head_dim 12
@@ -156,9 +156,9 @@ def test_spec_attention_export_refuses_a_head_dim_the_kernel_does_not_take(tmp_p
 
 
 def test_spec_attention_in_torch_equals_the_models_own_attention(tiny_artifact):
-    # the patched forward (pipeline.spec_attention) computes what the HF module computes
-    from pipeline.decoder_graph import DecoderForExport, example_inputs, model_dims
-    from pipeline.spec_attention import spec_attention_of
+    # the patched forward (pipeline.lib.spec_attention) computes what the HF module computes
+    from pipeline.lib.decoder_graph import DecoderForExport, example_inputs, model_dims
+    from pipeline.lib.spec_attention import spec_attention_of
 
     _, model = tiny_artifact
     inputs = example_inputs(model_dims(model, 64), s=4, past=6)

@@ -1,4 +1,4 @@
-"""Graph fusions of the export (pipeline.fuse_graph): what they replace, and that nothing else changes."""
+"""Graph fusions of the export (pipeline.lib.fuse_graph): what they replace, and that nothing else changes."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import onnx_ir.passes.common  # noqa: F401  (ir.passes.common)
 import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
-from pipeline.fuse_graph import concat_sibling_matmuls, fuse_rotary
+from pipeline.lib.fuse_graph import concat_sibling_matmuls, fuse_rotary
 from specrt.backend.manifest import read_manifest
 
 

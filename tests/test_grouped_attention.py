@@ -1,4 +1,4 @@
-"""The export's attention (pipeline.grouped_attention) on its own: a query row gets the same bits
+"""The export's attention (pipeline.lib.grouped_attention) on its own: a query row gets the same bits
 alone as in a window of any size, at cache lengths past onnxruntime's key blocks of 128, with any
 number of threads (MLAS splits a product between threads by rows or by columns, whichever are
 more, and a row-major product's key blocks follow the split: the form with products batched per
@@ -13,8 +13,8 @@ import onnxruntime as ort
 import pytest
 import torch
 
-from pipeline.fuse_graph import fuse_transposed_operands
-from pipeline.grouped_attention import grouped_attention
+from pipeline.lib.fuse_graph import fuse_transposed_operands
+from pipeline.lib.grouped_attention import grouped_attention
 from specrt.backend import contract
 
 HEADS, KV, D = 14, 2, 64  # Qwen2.5-0.5B's attention

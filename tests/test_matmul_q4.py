@@ -1,5 +1,5 @@
 """MatMulQ4 (runtime/kernels/matmul_q4.h) run by onnxruntime as a one-node graph, and the weights
-pipeline/q4_pack.py gives it: exact by construction.
+pipeline/lib/q4_pack.py gives it: exact by construction.
 
 Row r of an M-row call equals the 1-row call on row r bit for bit, for any M, thread count and
 instruction set; the integer block sums are the numpy product of the same quantized numbers, and
@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
 
-from pipeline.q4_pack import dequantize_q4, pack_q4, quantize_q4, unpack_q4
+from pipeline.lib.q4_pack import dequantize_q4, pack_q4, quantize_q4, unpack_q4
 from specrt.backend import kernels
 from tests.test_spec_attention import isas
 

@@ -1,9 +1,9 @@
-"""pipeline.params: the section of params.yaml a stage run reads, and its errors."""
+"""pipeline.lib.params: the section of params.yaml a stage run reads, and its errors."""
 
 import pytest
 import yaml
 
-from pipeline.params import stage_params
+from pipeline.lib.params import stage_params
 
 
 def test_stage_params_gives_the_named_section(tmp_path):

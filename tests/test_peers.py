@@ -17,7 +17,8 @@ import torch  # noqa: E402
 import yaml  # noqa: E402
 from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast  # noqa: E402
 
-from pipeline import checkpoint, peers, weights  # noqa: E402
+from pipeline import peers, weights  # noqa: E402
+from pipeline.lib import checkpoint, genai_peer  # noqa: E402
 from tests.helpers import EOS, PROMPTS, tiny_tokenizer  # noqa: E402
 from tests.tiny import memorize, tiny_gguf, tiny_model  # noqa: E402
 
@@ -46,13 +47,13 @@ def hf_plain(tiny_hf: tuple[Path, list[np.ndarray]]) -> dict:
 
 def test_genai_fp32_plain_and_ngram_equal_hf_greedy(tiny_hf, hf_plain, tmp_path):
     hf_dir, prompts = tiny_hf
-    build = peers.build_genai(hf_dir, tmp_path / "fp32", "fp32")
+    build = genai_peer.build_genai(hf_dir, tmp_path / "fp32", "fp32")
     assert build["reused"] is False and build["extra_options"] == {} and build["bytes"] > 0
     assert "-p fp32" in " ".join(build["command"])
 
     eos = json.loads((hf_dir / "config.json").read_text())["eos_token_id"]
     plain = peers.run_genai(tmp_path / "fp32", prompts, NEW_TOKENS, threads=1, name="ort-genai/fp32/plain")
-    ngram = peers.run_genai(tmp_path / "fp32", prompts, NEW_TOKENS, threads=1, speculative=peers.GENAI_NGRAM)
+    ngram = peers.run_genai(tmp_path / "fp32", prompts, NEW_TOKENS, threads=1, speculative=genai_peer.GENAI_NGRAM)
     assert plain["ids"] == hf_plain["ids"]
     assert ngram["ids"] == hf_plain["ids"]  # genai's n-gram speculation is lossless here
     assert ngram["speculative_stats"]["draft_tokens_proposed"] > 0  # and it did speculate
@@ -81,8 +82,8 @@ def _our_variant(name: str) -> dict:
 
 def _genai_build(hf_dir: Path, out: Path, precision: str) -> tuple[onnx.GraphProto, list, list[dict]]:
     """Build ``precision`` with the builder's default options for it; (graph, MatMulNBits nodes, their attributes)."""
-    build = peers.build_genai(hf_dir, out, precision)
-    assert build["extra_options"] == peers.GENAI_OPTIONS[precision]
+    build = genai_peer.build_genai(hf_dir, out, precision)
+    assert build["extra_options"] == genai_peer.GENAI_OPTIONS[precision]
     graph = onnx.load(out / "model.onnx", load_external_data=False).graph
     nbits = [n for n in graph.node if n.op_type == "MatMulNBits"]
     return graph, nbits, [{a.name: onnx.helper.get_attribute_value(a) for a in n.attribute} for n in nbits]
@@ -93,9 +94,9 @@ def test_genai_int4_build_follows_our_recipe(tiny_hf, tmp_path):
     # accuracy_level 4, lm_head and embedding 4-bit
     ours = _our_variant("int4")
     assert (ours["bits"], ours["lm_head_bits"], ours["embedding_bits"]) == (4, 4, 4)
-    assert peers.GENAI_INT4_OPTIONS["accuracy_level"] == str(ours["accuracy_level"])
-    assert peers.GENAI_INT4_OPTIONS["block_size"] == str(ours["block_size"])
-    assert peers.GENAI_INT4_OPTIONS["is_symmetric"] == str(ours["symmetric"]).lower()
+    assert genai_peer.GENAI_INT4_OPTIONS["accuracy_level"] == str(ours["accuracy_level"])
+    assert genai_peer.GENAI_INT4_OPTIONS["block_size"] == str(ours["block_size"])
+    assert genai_peer.GENAI_INT4_OPTIONS["is_symmetric"] == str(ours["symmetric"]).lower()
     hf_dir, prompts = tiny_hf
     graph, nbits, attrs = _genai_build(hf_dir, tmp_path / "int4", "int4")
     assert nbits and not [n for n in graph.node if n.op_type == "MatMul"]
@@ -126,10 +127,10 @@ def test_genai_int8_build_is_8_bit_weights_and_activations_like_our_w8a8(tiny_hf
 
 def test_build_is_reused_when_the_command_is_the_same(tiny_hf, tmp_path):
     hf_dir, _ = tiny_hf
-    first = peers.build_genai(hf_dir, tmp_path / "fp32", "fp32")
-    again = peers.build_genai(hf_dir, tmp_path / "fp32", "fp32")
+    first = genai_peer.build_genai(hf_dir, tmp_path / "fp32", "fp32")
+    again = genai_peer.build_genai(hf_dir, tmp_path / "fp32", "fp32")
     assert again["reused"] is True and again["command"] == first["command"]
-    record = json.loads((tmp_path / "fp32" / peers.BUILD_RECORD).read_text())
+    record = json.loads((tmp_path / "fp32" / genai_peer.BUILD_RECORD).read_text())
     assert record["build_s"] == first["build_s"]
 
 
@@ -137,7 +138,7 @@ def test_failed_build_leaves_no_folder(tmp_path):
     (tmp_path / "broken").mkdir()
     (tmp_path / "broken" / "model.safetensors").write_bytes(b"not a checkpoint")
     with pytest.raises(RuntimeError, match="builder exited"):
-        peers.build_genai(tmp_path / "broken", tmp_path / "out", "fp32")
+        genai_peer.build_genai(tmp_path / "broken", tmp_path / "out", "fp32")
     assert not (tmp_path / "out").exists()
     assert [p.name for p in tmp_path.iterdir()] == ["broken"]  # no stage or cache left behind
 
@@ -145,7 +146,7 @@ def test_failed_build_leaves_no_folder(tmp_path):
 def test_a_folder_without_weights_or_gguf_pointer_fails_before_building(tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(FileNotFoundError, match=r"empty holds neither weights .* nor gguf.json"):
-        peers.build_genai(tmp_path / "empty", tmp_path / "out", "fp32")
+        genai_peer.build_genai(tmp_path / "empty", tmp_path / "out", "fp32")
     assert [p.name for p in tmp_path.iterdir()] == ["empty"]
 
 
@@ -164,7 +165,7 @@ def test_genai_builds_a_checkpoint_whose_weights_are_a_gguf(tiny_hf, hf_plain, t
     _gguf_backed_folder(hf_dir, tmp_path)  # tmp_path/hf: config + tokenizer + gguf.json
     assert not checkpoint.has_weights(tmp_path / "hf")
 
-    build = peers.build_genai(tmp_path / "hf", tmp_path / "builds" / "fp32", "fp32")
+    build = genai_peer.build_genai(tmp_path / "hf", tmp_path / "builds" / "fp32", "fp32")
     assert "gguf.json" in build["source"] and "model.safetensors" not in build["source"]
     assert [p.name for p in (tmp_path / "builds").iterdir()] == ["fp32"]  # the checkpoint is gone
     plain = peers.run_genai(tmp_path / "builds" / "fp32", prompts, NEW_TOKENS, threads=1)
@@ -174,7 +175,7 @@ def test_genai_builds_a_checkpoint_whose_weights_are_a_gguf(tiny_hf, hf_plain, t
 
 def test_unknown_precision_fails_early(tmp_path):
     with pytest.raises(ValueError, match="precision must be one of .*'int3'"):
-        peers.build_genai(tmp_path, tmp_path / "out", "int3")
+        genai_peer.build_genai(tmp_path, tmp_path / "out", "int3")
 
 
 def test_token_match_counts_the_prefix_before_the_first_difference():
@@ -260,7 +261,7 @@ def test_specrt_runs_report_the_cold_prefill_of_their_prompt():
 
 
 def test_a_worker_that_cannot_load_its_model_fails_with_its_name(tmp_path):
-    from pipeline.peer_worker import PeerWorker, WorkerConfig
+    from pipeline.lib.peer_worker import PeerWorker, WorkerConfig
 
     config = WorkerConfig("specrt", str(tmp_path / "missing"), 1, (0,), (1, 2), 2)
     with pytest.raises(RuntimeError, match="peer worker 'specrt/x' exited with status 1"):
@@ -375,7 +376,7 @@ def test_run_loads_a_gguf_checkpoint_once_and_not_at_all_when_builds_are_reused(
 
 
 # ---------------------------------------------------------------------------------------------
-# llama.cpp (pipeline/llama_build.py, pipeline/llama_peer.py)
+# llama.cpp (pipeline/llama_build.py, pipeline/lib/llama_peer.py)
 
 LLAMA_BUILT = Path(__file__).parents[1] / "artifacts" / "peers" / "llama_cpp"  # the llama_cpp stage's output
 
@@ -463,7 +464,8 @@ def test_llama_build_names_a_missing_compiler_and_the_cause_of_a_failed_build(tm
 
 
 def test_llama_build_disabled_writes_its_record_and_the_peers_refuse_it(tmp_path):
-    from pipeline.llama_build import build_llama_cpp, main, read_record
+    from pipeline.lib.llama_record import read_record
+    from pipeline.llama_build import build_llama_cpp, main
 
     out = tmp_path / "llama_cpp"
     params = tmp_path / "params.yaml"
@@ -480,7 +482,7 @@ def test_llama_build_disabled_writes_its_record_and_the_peers_refuse_it(tmp_path
 
 
 def test_llama_prompt_lookup_counters_from_its_proposals():
-    from pipeline.llama_peer import spec_stats
+    from pipeline.lib.llama_peer import spec_stats
 
     # a prompt of 3 tokens, then 5 new ones: [5, 6, 7, 8, 2]
     ids = np.array([5, 6, 7, 8, 2])
@@ -495,8 +497,8 @@ def test_llama_prompt_lookup_counters_from_its_proposals():
 
 
 def test_llama_context_gguf_lookup_and_worker_config(tmp_path):
-    from pipeline.llama_peer import find_gguf, n_ctx_for
-    from pipeline.peer_worker import WorkerConfig
+    from pipeline.lib.llama_peer import find_gguf, n_ctx_for
+    from pipeline.lib.peer_worker import WorkerConfig
 
     prompts = [np.zeros(7), np.zeros(30)]
     assert n_ctx_for(prompts, 64, {"num_pred_tokens": 10, "max_ngram_size": 2}) == 30 + 64 + 10 + 1
@@ -563,10 +565,10 @@ def test_metrics_give_our_ratios_over_llama_cpp_and_its_lookup_is_matched_to_its
 
 def test_llama_model_with_prompt_lookup_keeps_every_positions_logits(monkeypatch, tmp_path):
     # llama-cpp-python 0.3.36 sizes its score buffer by the logits_all argument: without it, a prompt
-    # longer than n_batch fails under a draft model (pipeline/llama_peer.py, llama_model)
+    # longer than n_batch fails under a draft model (pipeline/lib/llama_peer.py, llama_model)
     import types
 
-    from pipeline.llama_peer import CountingLookup, llama_model
+    from pipeline.lib.llama_peer import CountingLookup, llama_model
 
     made = []
     speculative = types.ModuleType("llama_cpp.llama_speculative")
@@ -586,8 +588,8 @@ def test_llama_model_with_prompt_lookup_keeps_every_positions_logits(monkeypatch
                     reason=f"no llama.cpp build at {LLAMA_BUILT} (dvc repro pipeline/full/dvc.yaml:llama_cpp, or "
                     "python -m pipeline.llama_build --params params.yaml --out artifacts/peers/llama_cpp)")
 def test_llama_cpp_plain_repeats_and_its_prompt_lookup_equals_it(tiny_hf, hf_plain, tmp_path):
-    from pipeline.llama_peer import gguf_quant, n_ctx_for
-    from pipeline.peer_worker import PeerWorker, WorkerConfig
+    from pipeline.lib.llama_peer import gguf_quant, n_ctx_for
+    from pipeline.lib.peer_worker import PeerWorker, WorkerConfig
 
     hf_dir, prompts = tiny_hf
     model = AutoModelForCausalLM.from_pretrained(hf_dir)

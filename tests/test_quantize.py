@@ -9,9 +9,9 @@ import pytest
 from onnx import numpy_helper
 
 import specrt
+from pipeline.lib.quantize_graph import QuantConfig, fold_tied_lm_head, lm_head_node, quantize_model
 from pipeline.lossless import compare_methods
 from pipeline.quantize import quantize_artifact
-from pipeline.quantize_graph import QuantConfig, fold_tied_lm_head, lm_head_node, quantize_model
 from specrt.backend.session import OrtDecoder
 from specrt.engine.spec_gate import reference_run, run_gate
 from tests.helpers import PROMPTS, specbench_questions
@@ -189,7 +189,7 @@ def test_load_model_reads_weights_that_have_several_hard_links(tiny_artifact, tm
     import os
     import shutil
 
-    from pipeline.quantize_graph import load_model
+    from pipeline.lib.quantize_graph import load_model
 
     src = tiny_artifact[0] / "decoder.onnx"
     expected = {t.name: numpy_helper.to_array(t) for t in onnx.load(src).graph.initializer}
@@ -252,7 +252,7 @@ def test_specrt_q4_folds_a_bias_add_into_the_product():
     # an Add whose other input is not a [N] constant (here a graph input) stays
     from onnx import TensorProto, helper
 
-    from pipeline.quantize_graph import _specrt_q4
+    from pipeline.lib.quantize_graph import _specrt_q4
 
     rng = np.random.default_rng(0)
     inits = [numpy_helper.from_array(rng.standard_normal((64, 40)).astype(np.float32), "w"),

@@ -29,7 +29,7 @@ from transformers import PreTrainedTokenizerFast
 
 import specrt
 from pipeline import corpora, export
-from pipeline.atomic import staged_dir, write_text_atomic
+from pipeline.lib.atomic import staged_dir, write_text_atomic
 from specrt import ArtifactError, InvalidRequestError
 from specrt.cli import main as cli_main
 from specrt.drafters import pld
@@ -275,7 +275,7 @@ def test_write_text_atomic_keeps_the_old_file_on_failure(tmp_path):
 KILLED_STAGE = """
 import os, signal, sys
 from pathlib import Path
-from pipeline.atomic import staged_dir
+from pipeline.lib.atomic import staged_dir
 with staged_dir(Path(sys.argv[1])) as stage:
     (stage / "decoder.onnx").write_bytes(b"half a graph")
     os.kill(os.getpid(), signal.SIGKILL)

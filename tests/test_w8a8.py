@@ -1,4 +1,4 @@
-"""W8A8 with per-token scales (pipeline/w8a8.py): exact integer sums, so windows equal single steps."""
+"""W8A8 with per-token scales (pipeline/lib/w8a8.py): exact integer sums, so windows equal single steps."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import specrt
+from pipeline.lib.quantize_graph import QuantConfig
+from pipeline.lib.w8a8 import quantize_w8a8, quantize_weight
 from pipeline.lossless import compare_methods
 from pipeline.quantize import quantize_artifact
-from pipeline.quantize_graph import QuantConfig
-from pipeline.w8a8 import quantize_w8a8, quantize_weight
 from tests.helpers import PROMPTS
 
 W8A8 = QuantConfig(method="w8a8", bits=8, lm_head_bits=8)

@@ -66,7 +66,7 @@ def _specrt_loader(config: WorkerConfig) -> Generate:
     KV rows (bit for bit what their own prefill would compute; ``stats["cached_prompt_tokens"]``)."""
     import specrt
 
-    from .bench import PREFIX_CACHE_MB
+    from .measure import PREFIX_CACHE_MB
 
     model = specrt.load(config.path, threads=config.threads, datastore=config.datastore,
                         prefix_cache_mb=PREFIX_CACHE_MB)
@@ -86,7 +86,7 @@ def _specrt_loader(config: WorkerConfig) -> Generate:
 def _genai_loader(config: WorkerConfig) -> Generate:
     import onnxruntime_genai as og
 
-    from .peers import genai_generate, genai_model
+    from .genai_peer import genai_generate, genai_model
 
     model = genai_model(Path(config.path), config.threads, config.eos_token_ids)
     eos = frozenset(config.eos_token_ids)
@@ -100,7 +100,7 @@ def _genai_loader(config: WorkerConfig) -> Generate:
 
 def _hf_loader(config: WorkerConfig) -> Generate:
     from .checkpoint import load_causal_lm
-    from .peers import hf_generator
+    from .hf_peer import hf_generator
 
     model = load_causal_lm(Path(config.path))
     by_lookup: dict[int | None, Callable] = {}
@@ -165,8 +165,8 @@ class PeerWorker:
         self.name = name
         payload = json.dumps(asdict(config))  # tuples become lists; main() turns them back
         self._process = subprocess.Popen(
-            [sys.executable, "-m", "pipeline.peer_worker", payload], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-            text=True, cwd=Path(__file__).resolve().parent.parent)
+            [sys.executable, "-m", "pipeline.lib.peer_worker", payload], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            text=True, cwd=Path(__file__).resolve().parents[2])
         self._read()  # {"ready": true}: loaded and warmed up
 
     def _read(self) -> dict[str, Any]:

@@ -6,10 +6,10 @@
                       ──embedding Gather──► GatherBlockQuantized(embedding_bits) | fp32
     or, for ``method: specrt_q4``: every constant-weight MatMul (and the lm_head) -> specrt's MatMulQ4
     (runtime/kernels/matmul_q4.h): 4-bit blocks of 32, int8 activations, integer block sums, the same
-    bits for a row in any window on every CPU (pipeline/q4_pack.py packs the weights);
+    bits for a row in any window on every CPU (pipeline/lib/q4_pack.py packs the weights);
     or, for ``method: dynamic``: every constant-weight MatMul -> MatMulInteger (quantize_dynamic);
     or, for ``method: w8a8``: every constant-weight MatMul -> per-token int8 activations x per-channel
-    int8 weights, MatMulInteger (pipeline/w8a8.py): integer sums, so a row never depends on the window.
+    int8 weights, MatMulInteger (pipeline/lib/w8a8.py): integer sums, so a row never depends on the window.
 
 The lm_head is found as the MatMul that produces the contract's ``logits`` output. A tied
 embedding reaches it as ``MatMul(h, Transpose(E))``, which neither quantizer touches: it is folded
@@ -38,7 +38,7 @@ class QuantConfig:
     """One variant's settings (``params.yaml: quantize.variants.<name>``)."""
 
     # "matmul_nbits" (onnxruntime's weight-only MatMulNBits), "specrt_q4" (specrt's MatMulQ4, exact by
-    # construction; CPU provider), "dynamic" (quantize_dynamic) or "w8a8" (pipeline/w8a8.py)
+    # construction; CPU provider), "dynamic" (quantize_dynamic) or "w8a8" (pipeline/lib/w8a8.py)
     method: str
     bits: int = 4  # body MatMuls (matmul_nbits, specrt_q4)
     block_size: int = 32  # weights per scale along K (matmul_nbits; specrt_q4: 32)

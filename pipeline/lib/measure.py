@@ -1,6 +1,6 @@
 """Decode speed of drafting methods against plain decoding of the same artifact, side by side.
 
-    python -m pipeline.bench --model artifacts/M/fp32 --datastore artifacts/M/datastore \\
+    python -m pipeline.lib.measure --model artifacts/M/fp32 --datastore artifacts/M/datastore \\
         --prompts ../shared/data/specbench/question.jsonl --per-task 1 --max-new-tokens 64 \\
         --methods pld,suffix_decoding --modes chain,tree --temperatures 0 --out bench.json
 

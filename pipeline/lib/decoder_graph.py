@@ -19,12 +19,13 @@ import torch
 from torch import nn
 from transformers import PreTrainedModel
 
-from pipeline.fuse_graph import fuse_for_ort
-from pipeline.fuse_kernels import fuse_for_kernels
-from pipeline.grouped_attention import grouped_attention_of
-from pipeline.spec_attention import spec_attention_of, translation_table
 from specrt.backend import contract
 from specrt.backend.manifest import ModelDims
+
+from .fuse_graph import fuse_for_ort
+from .fuse_kernels import fuse_for_kernels
+from .grouped_attention import grouped_attention_of
+from .spec_attention import spec_attention_of, translation_table
 
 log = logging.getLogger(__name__)
 
@@ -110,7 +111,7 @@ class RowCache:
     never transposed. ``update`` hands the attention a heads-first view [1, kv, t, d] of the
     concatenation, as HF's caches do; ``grouped_attention`` reads it back as rows [t, kv * d], and
     the exporter's optimizer cancels the two transposes (tests/test_fuse_graph.py checks the graph),
-    so no pass copies the cache into another layout. SpecAttention layers (pipeline.spec_attention)
+    so no pass copies the cache into another layout. SpecAttention layers (pipeline.lib.spec_attention)
     read ``past`` and ``put`` their new rows instead: the kernel reads both where they lie.
     """
 
@@ -157,8 +158,8 @@ def export_onnx(model: PreTrainedModel, dims: ModelDims, path: Path, opset: int,
     """Export ``model`` to ``path`` (+ ``path.data``, external weights) per ``specrt.backend.contract``.
 
     attention: "specrt" (one SpecAttention node per layer, run by specrt's kernel library on the CPU;
-    pipeline.spec_attention) or "portable" (standard and com.microsoft operators only, for the CUDA
-    provider and any onnxruntime without the library; pipeline.grouped_attention)."""
+    pipeline.lib.spec_attention) or "portable" (standard and com.microsoft operators only, for the CUDA
+    provider and any onnxruntime without the library; pipeline.lib.grouped_attention)."""
     if attention not in ATTENTION_KINDS:
         raise ValueError(f"attention must be one of {ATTENTION_KINDS}, got {attention!r}")
     inputs, outputs = contract.io_table(dims.num_layers, dims.kv_heads, dims.head_dim, dims.hidden, dims.vocab)

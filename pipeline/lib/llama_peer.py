@@ -1,6 +1,6 @@
 """llama.cpp as a peer (pipeline/peers.py): llama-cpp-python on the GGUF the weights stage assembles.
 
-Two runs on one worker (pipeline/peer_worker.py), each its own ``llama_cpp.Llama`` on the GGUF:
+Two runs on one worker (pipeline/lib/peer_worker.py), each its own ``llama_cpp.Llama`` on the GGUF:
 
 - ``llama.cpp/<quant>/plain``: ``Llama.generate`` with the greedy sampler (``temp=0``:
   penalties (a no-op at ``repeat_penalty=1``) then ``greedy``), batch 1.
@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from .bench import matched_prefix
+from .measure import matched_prefix
 
 # llama-cpp-python's LlamaPromptLookupDecoding defaults are max_ngram_size 2, num_pred_tokens 10
 LLAMA_LOOKUP = {"max_ngram_size": 2, "num_pred_tokens": 10}

@@ -18,8 +18,9 @@ import logging
 import onnx_ir as ir
 import onnx_ir.passes.common  # noqa: F401  (ir.passes.common)
 
-from pipeline.fuse_graph import take_over
 from specrt.backend import kernels
+
+from .fuse_graph import take_over
 
 log = logging.getLogger(__name__)
 
