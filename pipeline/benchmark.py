@@ -43,11 +43,10 @@ from pathlib import Path
 from typing import Any
 
 import specrt
-from specrt.drafters import NEEDS_DRAFT
+from specrt.drafters import NEEDS_DATASTORE, NEEDS_DRAFT
 
 from .lib.atomic import write_text_atomic
 from .lib.measure import PREFIX_CACHE_MB, Prompt, Run, Tally, measure
-from .lib.methods import RETRIEVAL
 from .lib.params import stage_params
 from .lib.roofline import gathered_bytes, read_bandwidth, roofline
 from .lib.specbench import TASKS, Question, first_per_task, read_questions
@@ -90,7 +89,7 @@ def methods_to_run(requested: list[str] | str, *, datastore: bool, draft: bool) 
     """``"all"``: every registered method this artifact can run (retrieval ones need a datastore,
     draft-model ones a draft); a list is checked against the registry."""
     if requested == "all":
-        return [m for m in sorted(specrt.METHODS) if m != "baseline" and (datastore or m not in RETRIEVAL)
+        return [m for m in sorted(specrt.METHODS) if m != "baseline" and (datastore or m not in NEEDS_DATASTORE)
                 and (draft or m not in NEEDS_DRAFT)]
     unknown = [m for m in requested if m not in specrt.METHODS]
     if unknown:

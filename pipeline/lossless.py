@@ -24,12 +24,11 @@ from typing import Any
 import numpy as np
 
 import specrt
-from specrt.drafters import NEEDS_DRAFT
+from specrt.drafters import NEEDS_DATASTORE, NEEDS_DRAFT
 from specrt.model import SpecModel
 
 from .lib.atomic import write_text_atomic
 from .lib.measure import PREFIX_CACHE_MB
-from .lib.methods import RETRIEVAL
 from .lib.params import stage_params
 from .lib.specbench import first_per_task, read_questions
 from .lib.verdict import exit_code
@@ -107,7 +106,7 @@ def run(
     questions = first_per_task(read_questions(questions_path), params["prompts_per_task"])
     chat = model.manifest.chat is not None
     prompts = [model.encode(q.turns[0], chat=chat)[: params["max_prompt_tokens"]] for q in questions]
-    methods = [m for m in sorted(specrt.METHODS) if m != "baseline" and (datastore or m not in RETRIEVAL)
+    methods = [m for m in sorted(specrt.METHODS) if m != "baseline" and (datastore or m not in NEEDS_DATASTORE)
                and (draft or m not in NEEDS_DRAFT)]
     t0 = time.perf_counter()
     report = compare_methods(
@@ -129,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, required=True, help="metrics JSON to write")
     parser.add_argument("--plot", type=Path, help="plot JSON to write: one record per method run")
     parser.add_argument("--datastore", type=Path, help="retrieval datastore (corpora stage); without it the "
-                        f"retrieval methods ({', '.join(sorted(RETRIEVAL))}) are left out")
+                        f"retrieval methods ({', '.join(sorted(NEEDS_DATASTORE))}) are left out")
     parser.add_argument("--draft", type=Path, help="draft model artifact (same tokenizer); without it the "
                         f"draft-model methods ({', '.join(sorted(NEEDS_DRAFT))}) are left out")
     args = parser.parse_args(argv)

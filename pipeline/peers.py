@@ -89,6 +89,8 @@ from typing import Any
 
 import numpy as np
 
+from specrt.drafters import NEEDS_DATASTORE
+
 from .lib.atomic import write_text_atomic
 from .lib.checkpoint import full_checkpoint, has_weights, load_causal_lm
 from .lib.genai_peer import (
@@ -104,7 +106,6 @@ from .lib.hf_peer import hf_generator
 from .lib.llama_peer import LLAMA_LOOKUP
 from .lib.llama_record import read_record
 from .lib.measure import matched_prefix
-from .lib.methods import RETRIEVAL
 from .lib.params import stage_params
 from .lib.specbench import first_per_task, read_questions
 
@@ -294,7 +295,7 @@ def run(
     """Worker of the CLI: builds the genai models under ``build_dir/<precision>``, runs every peer
     on the same prompt ids, and returns the report. ``methods``: specrt's methods run on
     ``artifact`` beside its plain decoding (``baseline``, the reference of every token match);
-    the retrieval ones (:data:`pipeline.lib.methods.RETRIEVAL`) draft from ``datastore``.
+    the retrieval ones (:data:`specrt.drafters.NEEDS_DATASTORE`) draft from ``datastore``.
 
     Every model runs in its own worker process (:mod:`pipeline.lib.peer_worker`); the generations are
     interleaved prompt by prompt over ``rounds`` rounds (:func:`interleave`), the transformers runs
@@ -313,7 +314,7 @@ def run(
         raise ValueError("the llama.cpp peer (--llama-cpp) needs the GGUF to run (--gguf)")
     llama_record = read_record(llama_cpp) if llama_cpp is not None else None
     llama_lookup = dict(LLAMA_LOOKUP if llama_lookup is None else llama_lookup)
-    if datastore is None and (need := sorted(set(methods) & RETRIEVAL)):
+    if datastore is None and (need := sorted(set(methods) & NEEDS_DATASTORE)):
         raise ValueError(f"methods {need} draft from a retrieval datastore: pass one (--datastore, a folder "
                          "built by `python -m pipeline.corpora`) or leave them out")
     genai_ngram = dict(GENAI_NGRAM if genai_ngram is None else genai_ngram)

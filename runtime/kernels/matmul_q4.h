@@ -2,7 +2,7 @@
 // whatever the number of rows, the thread split and the instruction set.
 //
 //   x [M, K] float ──quantize_rows──► xq [M, K] int8, dx [M, K/32] float, offset [M, K/32] int32
-//   W [K, N] ──(pipeline/q4_pack.py)──► packed [N/16 tiles, K/32 blocks, 256] uint8, scales [N/16, K/32, 16] float16
+//   W [K, N] ──(pipeline/lib/q4_pack.py)──► packed [N/16 tiles, K/32 blocks, 256] uint8, scales [N/16, K/32, 16] float16
 //
 // Activations, per row and block of 32 (each an IEEE operation, so every ISA agrees):
 //   amax = max |x|,  dx = amax / 127,  xq = nearbyint(x * (127 / amax)) (0 when amax is 0),

@@ -21,7 +21,7 @@ import numpy as np
 from specrt.backend.contract import MASK_VALUE
 from specrt.tree import DraftTree
 
-# The portable graph's attention (pipeline/grouped_attention.py) runs on onnxruntime's CPU SGEMM,
+# The portable graph's attention (pipeline/lib/grouped_attention.py) runs on onnxruntime's CPU SGEMM,
 # which sums over the keys in blocks of 128 cache slots (fused multiply-adds inside a block, one
 # rounding more where blocks meet). A chain window keeps every key at the slot a single step gives
 # it; a branching tree moves a path's keys to other slots, so a row rounds like its single step
