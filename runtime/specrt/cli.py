@@ -26,7 +26,7 @@ from specrt.chat import messages
 from specrt.drafters import DEFAULT_METHOD, METHODS
 from specrt.drafters.indexes.datastore import MANIFEST_NAME as DATASTORE_MANIFEST
 from specrt.errors import InvalidRequestError, SpecrtError
-from specrt.model import TextStream, load
+from specrt.model import BACKENDS, TextStream, load
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -68,6 +68,7 @@ def _parser() -> argparse.ArgumentParser:
                      help="execution provider: cpu, or cuda (needs onnxruntime-gpu; README, 'CUDA')")
     gen.add_argument("--draft", default=None, help="draft model artifact folder, for --method sd, hsd, hsd_capped "
                      "or auto (same tokenizer as --model)")
+    _backend_options(gen)
     gen.add_argument("--stream", action="store_true", help="print text as it is accepted")
     gen.add_argument("--json", action="store_true", help="print the result and stats as one JSON object")
     check = sub.add_parser("check", help="whether speculation is lossless with this artifact on this machine")
@@ -77,6 +78,7 @@ def _parser() -> argparse.ArgumentParser:
                      help="do not check the artifact files' sha256 (sizes still are); an unchanged folder "
                      "is hashed only once anyway (a verified stamp in ~/.cache/specrt)")
     check.add_argument("--provider", default="cpu", help="execution provider: cpu or cuda")
+    _backend_options(check)
     serve = sub.add_parser("serve", help="an OpenAI-compatible HTTP server (needs the 'serve' extra)")
     serve.add_argument("--model", required=True, help="artifact folder, e.g. artifacts/<model>/int4")
     serve.add_argument("--draft", default=None, help="draft model artifact folder, for sd, hsd, hsd_capped")
@@ -94,12 +96,20 @@ def _parser() -> argparse.ArgumentParser:
                      help="do not check the artifact files' sha256 (sizes still are); an unchanged folder "
                      "is hashed only once anyway (a verified stamp in ~/.cache/specrt)")
     serve.add_argument("--provider", default="cpu", help="execution provider: cpu or cuda")
+    _backend_options(serve)
     serve.add_argument("--prefix-cache-mb", type=float, default=256,
                        help="host memory for recent prompts' KV rows (0: off); chat turns reuse their prefill")
     serve.add_argument("--request-timeout-s", type=float, default=None,
                        help="the deadline of a request whose body sets no specrt.timeout_s, in seconds from its "
                        "start (prefill included); the answer then ends with finish_reason 'timeout' (default: none)")
     return parser
+
+
+def _backend_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--backend", default="onnxruntime", choices=BACKENDS,
+                        help="onnxruntime: an exported artifact folder; hf: a Hugging Face causal-LM folder run by "
+                        "transformers, no export (the hf extra)")
+    parser.add_argument("--device", default="cpu", help="--backend hf: cpu or cuda")
 
 
 def _datastore(model: str, datastore: str | None) -> str | Path | None:
@@ -123,8 +133,8 @@ def _serve(args: argparse.Namespace) -> None:
     if limit is not None and not (math.isfinite(limit) and limit > 0):
         raise InvalidRequestError(f"--request-timeout-s must be a positive finite number of seconds, got {limit:g}")
     model = load(args.model, provider=args.provider, threads=args.threads, datastore=_datastore(args.model,
-                 args.datastore), draft=args.draft, prefix_cache_mb=args.prefix_cache_mb,
-                 check_hashes=args.check_hashes)
+                 args.datastore), draft=args.draft, check_hashes=args.check_hashes, backend=args.backend,
+                 device=args.device, prefix_cache_mb=args.prefix_cache_mb if args.backend == "onnxruntime" else 0)
     speculation = Speculation(method=args.method, tree=args.tree, draft_budget=args.draft_budget)
     config = ServeConfig(model_id=model.manifest.name, speculation=speculation, max_concurrent=args.max_concurrent,
                          request_timeout_s=limit)
@@ -133,8 +143,8 @@ def _serve(args: argparse.Namespace) -> None:
 
 
 def _check(args: argparse.Namespace) -> bool:
-    verdict = load(args.model, provider=args.provider, threads=args.threads,
-                   check_hashes=args.check_hashes).spec_safety()
+    verdict = load(args.model, provider=args.provider, threads=args.threads, check_hashes=args.check_hashes,
+                   backend=args.backend, device=args.device).spec_safety()
     print(json.dumps(asdict(verdict), indent=2))
     return verdict.spec_safe
 
@@ -174,7 +184,7 @@ def _generate(args: argparse.Namespace) -> None:
     chat_messages = _messages(args, prompt) if args.system is not None or args.messages is not None else None
     datastore = _datastore(args.model, args.datastore)
     model = load(args.model, provider=args.provider, threads=args.threads, datastore=datastore, draft=args.draft,
-                 check_hashes=args.check_hashes)
+                 check_hashes=args.check_hashes, backend=args.backend, device=args.device)
     prompt_ids = model.encode_chat(chat_messages) if chat_messages else model.encode(prompt, chat=args.chat)
     options = dict(
         max_new_tokens=args.max_new_tokens, method=args.method, tree=args.tree, temperature=args.temperature,

@@ -69,7 +69,7 @@ from specrt.drafters.indexes.datastore import STATE_KEY as DATASTORE_STATE_KEY
 from specrt.engine.loop import LoopConfig, SpeculativeLoop
 from specrt.engine.prefix_cache import PrefixCache
 from specrt.engine.spec_gate import self_check
-from specrt.errors import ArtifactError, InvalidRequestError, check_int, check_number
+from specrt.errors import ArtifactError, InvalidRequestError, MissingDependencyError, check_int, check_number
 from specrt.logprobs import TokenLogprob
 from specrt.sampling import SamplingParams
 
@@ -177,6 +177,7 @@ class _Lease:
                 self.state_lock.release()
 
 
+BACKENDS = ("onnxruntime", "hf")  # load(backend=): exported artifacts, or Hugging Face folders (the hf extra)
 BACKOFF_STATE_PREFIX = "backoff/"  # drafter_state keys holding a method's last back-off estimate
 
 
@@ -203,8 +204,15 @@ class SpecModel:
         draft: tuple[Path, Manifest] | None = None,
         device_cache: bool | None = None,
         prefix_cache_mb: float = 0,
+        backend: str = "onnxruntime",
+        device: str = "cpu",
     ):
         mb = check_number("prefix_cache_mb", prefix_cache_mb)
+        if backend not in BACKENDS:
+            raise InvalidRequestError(f"backend must be one of {BACKENDS}, got {backend!r}")
+        if backend == "hf" and (mb or device_cache is not None or threads is not None or provider != "cpu"):
+            raise InvalidRequestError("the hf backend takes device= only: prefix_cache_mb, device_cache, threads and "
+                                      "provider are the onnxruntime backend's")
         if mb < 0:
             raise InvalidRequestError(f"prefix_cache_mb must be >= 0 (0: no prefix cache), got {prefix_cache_mb}")
         self.folder = folder
@@ -227,15 +235,20 @@ class SpecModel:
             self.tokenizer = Tokenizer.from_file(str(folder / manifest.tokenizer))
         except Exception as e:  # the tokenizers library raises a bare Exception on bad JSON
             raise ArtifactError(f"{folder / manifest.tokenizer}: not a valid tokenizer.json ({e})") from None
-        self.graph = DecoderSession(folder / manifest.decoder, manifest.dims, provider=provider, threads=threads,
-                                    device_cache=device_cache)
+        def session(at: Path, m: Manifest) -> Any:  # a DecoderSession, or the hf backend's HfSession
+            if backend == "hf":
+                from specrt.backend.hf import HfSession  # torch: only when asked for
+
+                return HfSession(at, m.dims, device=device)
+            return DecoderSession(at / m.decoder, m.dims, provider=provider, threads=threads, device_cache=device_cache)
+
+        self.graph = session(folder, manifest)
         self.draft_manifest: Manifest | None = None  # the draft model of sd / hsd / hsd_capped, if loaded
-        self.draft_graph: DecoderSession | None = None
+        self.draft_graph: Any = None
         if draft is not None:
             draft_folder, self.draft_manifest = draft
             check_vocab_compatible(folder / manifest.tokenizer, draft_folder / self.draft_manifest.tokenizer)
-            self.draft_graph = DecoderSession(draft_folder / self.draft_manifest.decoder, self.draft_manifest.dims,
-                                              provider=provider, threads=threads, device_cache=device_cache)
+            self.draft_graph = session(draft_folder, self.draft_manifest)
         if datastore is not None:  # refuse a datastore of another tokenizer now, not at the first request
             datastore_for(self.drafter_env(tree=False), "load")
 
@@ -416,7 +429,7 @@ class SpecModel:
         """A KV cache for a new request, and ``method``'s shared drafter state unless another
         request of that method holds it."""
         with self._lock:
-            decoder = self._idle.pop() if self._idle else OrtDecoder.on(self.graph)
+            decoder = self._idle.pop() if self._idle else self.graph.decoder()
             lock = self._state_locks.setdefault(method, threading.Lock()) if method in METHODS else None
         if lock is not None and not lock.acquire(blocking=False):
             lock = None
@@ -436,7 +449,7 @@ class SpecModel:
                              "spec-safety self-check", self.manifest.name, self.manifest.variant)
                     prompts = [self.encode(p, chat=self.manifest.chat is not None) for p in SELF_CHECK_PROMPTS]
                     digest = hashlib.sha256("".join(f.sha256 for f in self.manifest.files.values()).encode())
-                    self._verdict = self_check(OrtDecoder.on(self.graph), prompts, digest.hexdigest(),
+                    self._verdict = self_check(self.graph.decoder(), prompts, digest.hexdigest(),
                                                self.graph.provider)
                     log.info("self-check: spec_safe=%s (%s)", self._verdict.spec_safe, self._verdict.report)
             return self._verdict
@@ -472,7 +485,7 @@ class SpecModel:
     def _draft_cache(self) -> OrtDraftModel:
         """A fresh KV cache on the loaded draft model (one per request), as drafters drive it."""
         assert self.draft_graph is not None
-        return OrtDraftModel(OrtDecoder.on(self.draft_graph))
+        return OrtDraftModel(self.draft_graph.decoder())
 
     def _env(
         self, tree: bool, *, shared: bool, sampling: SamplingParams | None = None, seed: int | None = None
@@ -568,8 +581,14 @@ def load(
     draft: str | Path | None = None,
     device_cache: bool | None = None,
     prefix_cache_mb: float = 0,
+    backend: str = "onnxruntime",
+    device: str = "cpu",
 ) -> SpecModel:
-    """Load an artifact folder built by the pipeline (``artifacts/<model>/<variant>``).
+    """Load an artifact folder built by the pipeline (``artifacts/<model>/<variant>``), or with
+    ``backend="hf"`` a Hugging Face causal-LM folder (``config.json``, ``*.safetensors``,
+    ``tokenizer.json``) run by transformers on ``device`` "cpu" or "cuda" without an export
+    (:mod:`specrt.backend.hf`; the ``hf`` extra). Every method runs on either backend; ``draft`` is then
+    a Hugging Face folder too.
 
     Refuses a folder whose files differ from its manifest (sizes always; sha256 unless
     ``check_hashes=False``, and only for files changed since a load verified them: a verified
@@ -588,10 +607,22 @@ def load(
     (24 KiB of KV rows, 3.5 KiB of hidden states).
     """
     folder = Path(folder)
-    manifest = read_manifest(folder, check_hashes=check_hashes)
+    if backend not in BACKENDS:
+        raise InvalidRequestError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    if backend == "hf":
+        try:
+            from specrt.backend.hf import read_hf_folder  # torch and transformers: only when asked for
+        except ImportError as e:
+            raise MissingDependencyError(f"backend='hf' needs torch and transformers: pip install 'specrt[hf]' ({e})") \
+                from None
+
+        def read(at: Path) -> Manifest:
+            return read_hf_folder(at)[0]
+    else:
+        def read(at: Path) -> Manifest:
+            return read_manifest(at, check_hashes=check_hashes)
+    manifest = read(folder)
     store = Path(datastore) if datastore is not None else None
-    draft_pair = None
-    if draft is not None:
-        draft_pair = (Path(draft), read_manifest(Path(draft), check_hashes=check_hashes))
+    draft_pair = (Path(draft), read(Path(draft))) if draft is not None else None
     return SpecModel(folder, manifest, provider=provider, threads=threads, datastore=store, draft=draft_pair,
-                     device_cache=device_cache, prefix_cache_mb=prefix_cache_mb)
+                     device_cache=device_cache, prefix_cache_mb=prefix_cache_mb, backend=backend, device=device)

@@ -151,6 +151,10 @@ class DecoderSession:
         ]
         self._check_io()
 
+    def decoder(self) -> OrtDecoder:
+        """A new, empty cache on this graph (OrtDecoder.on)."""
+        return OrtDecoder.on(self)
+
     def new_store(self) -> KVStore:
         """An empty KV store of this graph's shape, on the host or on the device."""
         n, heads, dim = 2 * self.dims.num_layers, self.dims.kv_heads, self.dims.head_dim
