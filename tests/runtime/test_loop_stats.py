@@ -18,3 +18,16 @@ def test_tokens_per_step_counts_the_bonus_token_and_accepted_drafts_do_not(runti
     assert 0 <= stats["steps"] + stats["accepted"] - (stats["new_tokens"] - 1) < stats["steps"] + 1
     plain = model.generate(prompt, method="baseline", max_new_tokens=40).stats
     assert plain["mean_tokens_per_step"] == 1.0 and plain["mean_accepted_drafts_per_step"] == 0.0
+    assert plain["fully_accepted_steps"] == 0  # no draft, no bonus counted
+
+
+def test_fully_accepted_steps_are_the_steps_whose_walk_reached_a_leaf(runtime_qwen2):
+    # a chain of d drafts fully accepted emits d + 1 tokens: every such step's accepted count is its
+    # draft's length; greedy chains of at most 2 drafts over repeated text
+    model = specrt.load(runtime_qwen2)
+    _, loop = model.generate_ids(model.encode(PROMPTS[0] * 3), method="pld", max_new_tokens=40, draft_budget=2,
+                                 backoff=False)  # fmt: skip
+    stats = loop.stats
+    assert 0 < stats.fully_accepted < stats.steps
+    assert stats.fully_accepted <= sum(1 for n in stats.accepted_lengths if n > 0)
+

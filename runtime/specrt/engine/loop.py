@@ -79,6 +79,7 @@ class LoopStats:
     drafted: int = 0  # draft-tree nodes sent to verification
     held_back: int = 0  # proposed drafts the back-off cut to nothing (a plain step ran instead)
     accepted: int = 0  # drafted tokens the target accepted
+    fully_accepted: int = 0  # steps whose draft was accepted to a leaf: they emitted a bonus token
     accepted_lengths: list[int] = field(default_factory=list)  # per step
 
     @property
@@ -109,6 +110,7 @@ class LoopStats:
             "accepted": self.accepted,
             "held_back": self.held_back,
             "acceptance_rate": round(self.accepted / self.drafted, 4) if self.drafted else 0.0,
+            "fully_accepted_steps": self.fully_accepted,
             # tau: accepted drafts + the recovered/bonus token, per verify step; and the drafts alone
             "mean_tokens_per_step": round(self.tokens_per_step, 4),
             "mean_accepted_drafts_per_step": round(self.accepted / self.steps, 4) if self.steps else 0.0,
@@ -328,6 +330,7 @@ class SpeculativeLoop:
             stats.steps += 1
             stats.drafted += len(tree)
             stats.accepted += len(walk.path)
+            stats.fully_accepted += bool(len(tree)) and walk.bonus
             stats.accepted_lengths.append(len(walk.path))
             stats.new_tokens += len(emitted)
             context = np.concatenate([context, emitted])
