@@ -22,20 +22,22 @@ from specrt.errors import ArtifactError, InvalidRequestError
 from specrt.files import sha256_file
 from specrt.sampling import SamplingParams, target_probs
 from tests.helpers import ARCHS, EOS, PROMPTS, QWEN25_CHAT_TEMPLATE, TRAINING_TEXT, chi2_pvalue
-from tests.tiny import memorize, tiny_model, tiny_tokenizer
+from tests.tiny import memorize, tiny_gguf, tiny_model, tiny_tokenizer
 
 MAX_NEW_TOKENS = 24
 
 
-def hf_folder(arch: str, out: Path, *, seed: int = 0, chat_template: str | None = None) -> Path:
-    """A tiny ``arch`` model that memorised the training text, saved as a Hugging Face folder."""
+def hf_folder(arch: str, out: Path, *, seed: int = 0, chat_template: str | None = None,
+              jinja_file: bool = True) -> Path:
+    """A tiny ``arch`` model that memorised the training text, saved as a Hugging Face folder (its chat
+    template in chat_template.jinja, or with ``jinja_file`` False in tokenizer_config.json)."""
     out.mkdir(parents=True)
     tokenizer_json = tiny_tokenizer(out.parent / f"{out.name}-tokenizer.json")
     tokenizer = PreTrainedTokenizerFast(tokenizer_file=str(tokenizer_json), eos_token=EOS)
     tokenizer.chat_template = chat_template
     model = memorize(tiny_model(arch, tokenizer.vocab_size, tokenizer.eos_token_id, seed=seed), tokenizer)
     model.save_pretrained(out)
-    tokenizer.save_pretrained(out)
+    tokenizer.save_pretrained(out, save_jinja_files=jinja_file)
     return out
 
 
@@ -130,12 +132,20 @@ def test_sampling_follows_the_target_distribution(hf_pair):
     assert chi2_pvalue(counts, law) > 1e-3, (counts.most_common(6), sorted(law.items(), key=lambda kv: -kv[1])[:6])
 
 
-def test_chat_messages_through_the_folder_s_template(tmp_path):
-    folder = hf_folder("qwen2", tmp_path / "chat", chat_template=QWEN25_CHAT_TEMPLATE.read_text())
+@pytest.mark.parametrize("jinja_file, where", [(True, "chat_template.jinja"), (False, "tokenizer_config.json")])
+def test_chat_messages_through_the_folder_s_template(tmp_path, jinja_file, where):
+    folder = hf_folder("qwen2", tmp_path / "chat", chat_template=QWEN25_CHAT_TEMPLATE.read_text(),
+                       jinja_file=jinja_file)
     model = specrt.load(folder, backend="hf")
-    assert model.manifest.chat_template is not None
-    ids = model.encode_chat([{"role": "user", "content": "hello"}])
+    assert model.manifest.chat_template is not None and model.manifest.chat_template.file == where
+    assert where in model.manifest.files
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hello"}]
+    ids = model.encode_chat(messages)
+    tokenizer = PreTrainedTokenizerFast.from_pretrained(folder)
+    assert ids.tolist() == tokenizer.apply_chat_template(messages, tokenize=True, add_generation_prompt=True,
+                                                         return_dict=False)
     assert model.tokenizer.decode(ids.tolist(), skip_special_tokens=False).endswith("assistant\n")
+    assert model.encode("hello", chat=True).tolist() == model.encode_chat(messages[1:]).tolist()
 
 
 def test_bad_folders_and_options_get_clear_errors(tmp_path, hf_pair):
@@ -164,3 +174,54 @@ def test_cli_generates_from_a_hugging_face_folder(hf_pair, capsys):
                  "--max-new-tokens", "12", prompt]) == 0  # fmt: skip
     want = hf_pair.generate(prompt, method="baseline", max_new_tokens=12).text
     assert capsys.readouterr().out.rstrip("\n") == want
+
+
+@pytest.fixture(scope="module")
+def gguf_pair(tmp_path_factory) -> tuple[Path, Path]:
+    """(a folder as the weights stage writes it: config, tokenizer and gguf.json naming a float32 GGUF
+    of a tiny memorised Qwen2, the same model saved with safetensors)."""
+    from pipeline import weights
+
+    root = tmp_path_factory.mktemp("hf-gguf")
+    safetensors = hf_folder("qwen2", root / "safetensors")
+    model = specrt.load(safetensors, backend="hf").graph.model
+    (root / "gguf").mkdir()
+    gguf_path = tiny_gguf(model, safetensors / "tokenizer.json", root / "gguf" / "tiny.gguf")
+    weights.convert(gguf_path, sha256_file(gguf_path), root / "hf", PROMPTS[0], 4)
+    return root / "hf", safetensors
+
+
+@pytest.mark.parametrize("tree", [False, True], ids=["chain", "tree"])
+def test_a_folder_whose_weights_are_a_gguf_file_runs_as_its_safetensors_twin(gguf_pair, tree):
+    pointer_folder, safetensors = gguf_pair
+    model, twin = specrt.load(pointer_folder, backend="hf"), specrt.load(safetensors, backend="hf")
+    assert "gguf.json" in model.manifest.files and not any(n.endswith(".safetensors") for n in model.manifest.files)
+    accepted = 0
+    for prompt in PROMPTS[:4]:
+        base = model.generate(prompt, method="baseline", max_new_tokens=MAX_NEW_TOKENS)
+        # the same weights: the same tokens from the same prompt ids (the folder's tokenizer is the one
+        # rebuilt from the GGUF's vocabulary, which may split a text differently from the original)
+        ids = model.encode(prompt)
+        twin_ids, _ = twin.generate_ids(ids, method="baseline", max_new_tokens=MAX_NEW_TOKENS)
+        assert base.token_ids == tuple(twin_ids.tolist()), prompt
+        for method in ("pld", "suffix_decoding"):
+            spec = model.generate(prompt, method=method, tree=tree, max_new_tokens=MAX_NEW_TOKENS, backoff=False)
+            assert spec.token_ids == base.token_ids, (prompt, method)
+            accepted += spec.stats["accepted"]
+    assert accepted > 0
+
+
+def test_a_pointer_to_a_missing_or_changed_gguf_is_named(gguf_pair, tmp_path):
+    import shutil
+
+    pointer_folder, _ = gguf_pair
+    moved = shutil.copytree(pointer_folder, tmp_path / "hf")  # without the ../gguf folder beside it
+    with pytest.raises(ArtifactError, match=r"gguf\.json names \.\./gguf/tiny\.gguf .* which does not exist"):
+        specrt.load(moved, backend="hf")
+    (tmp_path / "gguf").mkdir()
+    (tmp_path / "gguf" / "tiny.gguf").write_bytes(b"GGUF")
+    with pytest.raises(ArtifactError, match=r"has 4 bytes, .*gguf\.json records \d+"):
+        specrt.load(moved, backend="hf")
+    (moved / "gguf.json").unlink()
+    with pytest.raises(ArtifactError, match=r"no weights \(\*\.safetensors, or gguf\.json naming a GGUF file\)"):
+        specrt.load(moved, backend="hf")

@@ -28,6 +28,7 @@ works on the shared state, so run it when no request of its method is in flight.
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import threading
 import weakref
@@ -255,11 +256,14 @@ class SpecModel:
     def encode(self, prompt: str, *, chat: bool = False) -> np.ndarray:
         """The prompt's token ids ([t] int64). ``chat``: ``prompt`` as one user turn, wrapped in the
         prefix and suffix the export rendered from the chat template (no Jinja needed; for system
-        prompts and several turns see :meth:`encode_chat`). Refuses a str that is not valid Unicode
+        prompts and several turns see :meth:`encode_chat`, which a folder without them, a Hugging Face
+        folder on the hf backend, uses for ``chat`` too). Refuses a str that is not valid Unicode
         (lone surrogates, e.g. from bytes decoded with ``errors="surrogateescape"``)."""
         _check_text(prompt, "prompt")
         if chat:
             if self.manifest.chat is None:
+                if self.manifest.chat_template is not None:  # a Hugging Face folder (backend "hf"): its template
+                    return self.encode_chat([{"role": "user", "content": prompt}])
                 raise InvalidRequestError(f"{self.manifest.name} has no chat template; call without chat=True")
             prompt = self.manifest.chat.prefix + prompt + self.manifest.chat.suffix
         return np.array(self.tokenizer.encode(prompt).ids, np.int64)
@@ -296,7 +300,7 @@ class SpecModel:
         with self._lock:
             if self._chat is None:
                 path = self.folder / template.file
-                self._chat = ChatRenderer(path.read_text(encoding="utf-8"), template.special_tokens, name=str(path))
+                self._chat = ChatRenderer(_template_text(path), template.special_tokens, name=str(path))
             return self._chat
 
     def stream_ids(
@@ -556,6 +560,21 @@ class SpecModel:
                 yield piece
         finally:
             chunks.close()  # a stream closed early gives its KV cache back now
+
+
+def _template_text(path: Path) -> str:
+    """A chat template's Jinja source: the file's text, or the "chat_template" string of a JSON file
+    (a Hugging Face folder's tokenizer_config.json)."""
+    text = path.read_text(encoding="utf-8")
+    if path.suffix != ".json":
+        return text
+    try:
+        template = json.loads(text).get("chat_template")
+    except (ValueError, AttributeError):
+        template = None
+    if not isinstance(template, str):
+        raise ArtifactError(f"{path}: expected a JSON object whose 'chat_template' is the template's Jinja text")
+    return template
 
 
 def _check_text(text: object, name: str) -> None:

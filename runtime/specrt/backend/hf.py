@@ -10,8 +10,12 @@ torch; ``import specrt`` never loads it.
 
 What differs from an exported artifact:
 - no manifest: :func:`read_hf_folder` builds one from ``config.json``, ``generation_config.json``,
-  ``tokenizer.json`` and ``chat_template.jinja``, with the sizes and hashes of those files and the
-  weights (``*.safetensors``);
+  ``tokenizer.json`` and the chat template (``chat_template.jinja``, or ``tokenizer_config.json``'s
+  ``chat_template``), with the sizes and hashes of those files and the
+  weights: ``*.safetensors``, or ``gguf.json``, the pointer to a GGUF file that the pipeline's
+  weights stage writes instead of them (its weights load dequantized to float32 through
+  transformers' ``gguf_file=``, which needs the ``gguf`` and ``accelerate`` packages of the ``hf``
+  extra; saving such a model with ``save_pretrained`` once makes later loads faster);
 - no gate verdict: before the first speculative request the runtime runs its self-check
   (specrt.backend.verdict), since torch's float32 products may round a row differently in a window;
 - sliding-window layers (Gemma 3, named in the config's ``layer_types``) get a mask of their own,
@@ -35,13 +39,15 @@ from transformers import AutoConfig, AutoModelForCausalLM, DynamicCache
 from specrt.backend.contract import MASK_VALUE
 from specrt.backend.manifest import ChatTemplateFile, Manifest, ModelDims
 from specrt.backend.session import ForwardOutput
-from specrt.errors import ArtifactError, InvalidRequestError
+from specrt.errors import ArtifactError, InvalidRequestError, MissingDependencyError
 from specrt.files import file_entry
 
 PROVIDER = "torch"  # what a verdict's basis and error messages call this backend
 DEVICES = ("cpu", "cuda")
 TOKENIZER_FILE = "tokenizer.json"
 CHAT_TEMPLATE_FILE = "chat_template.jinja"
+GGUF_POINTER = "gguf.json"  # in place of weights: the GGUF file that holds them (the pipeline's weights stage)
+TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
 ATTENTION = ("sdpa", "eager")  # implementations that take a 4D additive mask as given
 
 
@@ -98,11 +104,12 @@ def read_hf_folder(folder: Path) -> tuple[Manifest, Any]:
     if not any(a.endswith("ForCausalLM") for a in getattr(config, "architectures", None) or []):
         raise ArtifactError(f"{folder}/config.json: architectures {getattr(config, 'architectures', None)} "
                             "has no *ForCausalLM: not a causal language model")
-    weights = sorted(folder.glob("*.safetensors"))
+    weights = [p.name for p in sorted(folder.glob("*.safetensors"))]
     if not weights:
-        pointer = " (its gguf.json points at GGUF weights: load them in transformers and save_pretrained)" \
-            if (folder / "gguf.json").is_file() else ""
-        raise ArtifactError(f"{folder}: no *.safetensors weights{pointer}")
+        if not (folder / GGUF_POINTER).is_file():
+            raise ArtifactError(f"{folder}: no weights (*.safetensors, or {GGUF_POINTER} naming a GGUF file)")
+        _gguf(folder)  # the file it names exists, with the recorded size
+        weights = [GGUF_POINTER]  # (it records the GGUF's sha256)
     text = getattr(config, "text_config", None) or config
     heads = int(text.num_attention_heads)
     dims = ModelDims(
@@ -113,12 +120,15 @@ def read_hf_folder(folder: Path) -> tuple[Manifest, Any]:
         vocab=int(text.vocab_size),
         max_context=_max_context(text),
     )
-    template = None
-    if (folder / CHAT_TEMPLATE_FILE).is_file():
-        tokens = _json(folder / "tokenizer_config.json")
-        special = {k: v for k, v in tokens.items() if k.endswith("_token") and isinstance(v, str)}
-        template = ChatTemplateFile(file=CHAT_TEMPLATE_FILE, special_tokens=special)
-    names = ["config.json", TOKENIZER_FILE, *([CHAT_TEMPLATE_FILE] if template else []), *(p.name for p in weights)]
+    # the chat template: chat_template.jinja (save_pretrained's), else tokenizer_config.json's
+    # "chat_template" string (older folders, and the pipeline's weights stage)
+    tokens = _json(folder / TOKENIZER_CONFIG_FILE)
+    special = {k: v for k, v in tokens.items() if k.endswith("_token") and isinstance(v, str)}
+    template = ChatTemplateFile(file=CHAT_TEMPLATE_FILE, special_tokens=special) \
+        if (folder / CHAT_TEMPLATE_FILE).is_file() else \
+        ChatTemplateFile(file=TOKENIZER_CONFIG_FILE, special_tokens=special) \
+        if isinstance(tokens.get("chat_template"), str) else None
+    names = ["config.json", TOKENIZER_FILE, *([template.file] if template else []), *weights]
     manifest = Manifest(
         name=folder.name, variant="hf", arch=str(text.model_type), dims=dims, decoder="", tokenizer=TOKENIZER_FILE,
         eos_token_ids=_eos_ids(folder, text), files={n: file_entry(folder / n) for n in names}, io={},
@@ -126,6 +136,22 @@ def read_hf_folder(folder: Path) -> tuple[Manifest, Any]:
         attention="torch",
     )
     return manifest, config
+
+
+def _gguf(folder: Path) -> Path:
+    """The GGUF file that ``folder/gguf.json`` names ({"file": path relative to the folder, "sha256",
+    "bytes"}, as pipeline/lib/checkpoint.py writes it), present with the recorded size; ArtifactError
+    naming the pointer otherwise."""
+    pointer = folder / GGUF_POINTER
+    raw = _json(pointer)
+    if not isinstance(raw.get("file"), str) or not isinstance(raw.get("bytes"), int):
+        raise ArtifactError(f"{pointer}: expected {{\"file\": str, \"sha256\": str, \"bytes\": int}}, got {raw!r}")
+    path = (folder / raw["file"]).resolve()
+    if not path.is_file():
+        raise ArtifactError(f"{pointer} names {raw['file']} ({path}), which does not exist")
+    if path.stat().st_size != raw["bytes"]:
+        raise ArtifactError(f"{path} has {path.stat().st_size} bytes, {pointer} records {raw['bytes']}")
+    return path
 
 
 def _version(package: str) -> str:
@@ -148,11 +174,22 @@ class HfSession:
             raise InvalidRequestError("device='cuda': torch sees no CUDA device (a CPU build of torch?)")
         self.dims = dims
         self.device = torch.device(device)
+        gguf = None if any(folder.glob("*.safetensors")) else _gguf(folder)
+
+        def load(attention: str) -> Any:
+            where = {"pretrained_model_name_or_path": folder} if gguf is None else \
+                {"pretrained_model_name_or_path": gguf.parent, "gguf_file": gguf.name}  # dequantized to float32
+            try:
+                return AutoModelForCausalLM.from_pretrained(**where, dtype=torch.float32, attn_implementation=attention)
+            except ModuleNotFoundError as e:  # transformers reads a GGUF with gguf, and places it with accelerate
+                raise MissingDependencyError(f"{gguf}: loading GGUF weights needs the {e.name!r} package: "
+                                             'pip install "specrt[hf]" (its hf extra)') from None
+
         try:
-            model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, attn_implementation="sdpa")
+            model = load("sdpa")
         except (ValueError, OSError) as e:  # an architecture without SDPA: the eager attention takes the mask too
             try:
-                model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, attn_implementation="eager")
+                model = load("eager")
             except (ValueError, OSError):
                 raise ArtifactError(f"{folder}: transformers cannot load it as a causal LM ({e})") from None
         self.model = model.to(self.device).eval()

@@ -44,7 +44,9 @@ class ChatTemplateFile:
     """The model's own Jinja chat template (the checkpoint's ``tokenizer_config.json``
     ``chat_template``), a file of the folder, and the special tokens it may read by name."""
 
-    file: str  # e.g. "chat_template.jinja"; listed in ``files`` (size and sha256 checked)
+    # e.g. "chat_template.jinja"; listed in ``files`` (size and sha256 checked). A JSON file
+    # ("tokenizer_config.json" of a Hugging Face folder) holds the template as its "chat_template" string.
+    file: str
     special_tokens: dict[str, str] = field(default_factory=dict)  # "bos_token" -> "<|endoftext|>", ...
 
 
