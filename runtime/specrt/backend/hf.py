@@ -182,6 +182,8 @@ class HfSession:
             try:
                 return AutoModelForCausalLM.from_pretrained(**where, dtype=torch.float32, attn_implementation=attention)
             except ModuleNotFoundError as e:  # transformers reads a GGUF with gguf, and places it with accelerate
+                if gguf is None:
+                    raise
                 raise MissingDependencyError(f"{gguf}: loading GGUF weights needs the {e.name!r} package: "
                                              'pip install "specrt[hf]" (its hf extra)') from None
 
