@@ -113,7 +113,7 @@ def test_genai_int4_build_follows_our_recipe(tiny_hf, tmp_path):
 def test_genai_int8_build_is_8_bit_weights_and_activations_like_our_w8a8(tiny_hf, tmp_path):
     # ours (params.yaml quantize.variants.int8): W8A8, lm_head 8-bit, the embedding left fp32
     ours = _our_variant("int8")
-    assert (ours["method"], ours["bits"], ours["lm_head_bits"], ours["embedding_bits"]) == ("w8a8", 8, 8, None)
+    assert (ours["method"], ours["bits"], ours["lm_head_bits"], ours["embedding_bits"]) == ("specrt_w8a8", 8, 8, None)
     hf_dir, prompts = tiny_hf
     graph, nbits, attrs = _genai_build(hf_dir, tmp_path / "int8", "int8")
     assert nbits and not [n for n in graph.node if n.op_type == "MatMul"]

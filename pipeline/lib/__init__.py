@@ -10,7 +10,7 @@ folder, so DVC reruns a stage after any change here.
 
 - Graph building (export): ``decoder_graph`` over ``grouped_attention`` (the portable graph),
   ``spec_attention`` and ``fuse_kernels`` (specrt's operators), ``fuse_graph`` (onnxscript fusions).
-- Quantization: ``quantize_graph`` with ``q4_pack`` (MatMulQ4) and ``w8a8``.
+- Quantization: ``quantize_graph`` with ``q4_pack`` (MatMulQ4) and ``w8a8`` (MatMulInteger or MatMulW8A8).
 - Checks against references: ``parity`` (ONNX vs torch logits), ``fidelity`` (a variant vs fp32),
   ``verdict`` (a stage's exit status on greedy runs).
 - Measurement: ``measure`` (speculative vs plain decoding, bracketed baselines), ``roofline``,

@@ -9,7 +9,9 @@
     bits for a row in any window on every CPU (pipeline/lib/q4_pack.py packs the weights);
     or, for ``method: dynamic``: every constant-weight MatMul -> MatMulInteger (quantize_dynamic);
     or, for ``method: w8a8``: every constant-weight MatMul -> per-token int8 activations x per-channel
-    int8 weights, MatMulInteger (pipeline/lib/w8a8.py): integer sums, so a row never depends on the window.
+    int8 weights, MatMulInteger (pipeline/lib/w8a8.py): integer sums, so a row never depends on the window;
+    or, for ``method: specrt_w8a8``: the same arithmetic, one specrt MatMulW8A8 node per product
+    (runtime/kernels/matmul_w8a8.h), with the same bits.
 
 The lm_head is found as the MatMul that produces the contract's ``logits`` output. A tied
 embedding reaches it as ``MatMul(h, Transpose(E))``, which neither quantizer touches: it is folded
@@ -21,7 +23,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import onnx
@@ -29,7 +31,7 @@ from onnx import external_data_helper, numpy_helper
 
 log = logging.getLogger(__name__)
 
-METHODS = ("matmul_nbits", "specrt_q4", "dynamic", "w8a8")
+METHODS = ("matmul_nbits", "specrt_q4", "dynamic", "w8a8", "specrt_w8a8")
 ONNX_IR_VERSION = 10  # onnxruntime 1.32 reads IR <= 13; the export writes 10
 
 
@@ -38,7 +40,8 @@ class QuantConfig:
     """One variant's settings (``params.yaml: quantize.variants.<name>``)."""
 
     # "matmul_nbits" (onnxruntime's weight-only MatMulNBits), "specrt_q4" (specrt's MatMulQ4, exact by
-    # construction; CPU provider), "dynamic" (quantize_dynamic) or "w8a8" (pipeline/lib/w8a8.py)
+    # construction; CPU provider), "dynamic" (quantize_dynamic), "w8a8" (pipeline/lib/w8a8.py, onnxruntime's
+    # MatMulInteger) or "specrt_w8a8" (the same arithmetic in specrt's MatMulW8A8, one node a product; CPU provider)
     method: str
     bits: int = 4  # body MatMuls (matmul_nbits, specrt_q4)
     block_size: int = 32  # weights per scale along K (matmul_nbits; specrt_q4: 32)
@@ -46,7 +49,7 @@ class QuantConfig:
     accuracy_level: int = 0  # MatMulNBits compute type: 0 = fp32 activations, 4 = int8 activations
     lm_head_bits: int | None = 8  # None keeps the lm_head fp32
     embedding_bits: int | None = None  # 4: GatherBlockQuantized; None keeps the embedding Gather fp32
-    reduce_range: bool = True  # w8a8: 7-bit weights, so AVX2's u8 x s8 pair sums never saturate 16 bits
+    reduce_range: bool = True  # w8a8, specrt_w8a8: 7-bit weights (MatMulInteger on AVX2 saturates 8-bit ones)
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
@@ -66,7 +69,7 @@ class QuantConfig:
             raise ValueError("quantize method 'specrt_q4' is 4-bit symmetric blocks of 32: bits 4, block_size 32, "
                              f"symmetric true, lm_head_bits 4 or null (got bits {self.bits}, block_size "
                              f"{self.block_size}, symmetric {self.symmetric}, lm_head_bits {self.lm_head_bits})")
-        int8_only = self.method in ("dynamic", "w8a8")
+        int8_only = self.method in ("dynamic", "w8a8", "specrt_w8a8")
         if int8_only and (self.bits != 8 or self.lm_head_bits not in (8, None) or self.embedding_bits):
             raise ValueError(f"quantize method {self.method!r} is int8 MatMuls only: bits 8, lm_head_bits 8 or "
                              "null, embedding_bits null")
@@ -138,7 +141,9 @@ def quantize_model(model: onnx.ModelProto, config: QuantConfig) -> onnx.ModelPro
         return quantize_w8a8(model, exclude=[] if config.lm_head_bits is not None else [head],
                              reduce_range=config.reduce_range)
     matmuls = [n.name for n in model.graph.node if n.op_type == "MatMul"]
-    if config.method == "specrt_q4":
+    if config.method == "specrt_w8a8":
+        _specrt_w8a8(model, exclude=[] if config.lm_head_bits is not None else [head], reduce_range=config.reduce_range)
+    elif config.method == "specrt_q4":
         _specrt_q4(model, exclude=[] if config.lm_head_bits is not None else [head])
     else:
         model = _body_and_head_nbits(model, config, head)
@@ -165,6 +170,34 @@ def _specrt_q4(model: onnx.ModelProto, exclude: list[str]) -> None:
 
     from .q4_pack import BLOCK, pack_q4, quantize_q4
 
+    def pack(weight: np.ndarray) -> dict[str, np.ndarray]:
+        packed, scales = pack_q4(*quantize_q4(weight))
+        return {".q4": packed, ".q4_scales": scales}
+
+    _replace_matmuls(model, exclude, kernels.MATMUL_Q4_OP, lambda k: k % BLOCK == 0, pack)
+
+
+def _specrt_w8a8(model: onnx.ModelProto, exclude: list[str], reduce_range: bool) -> None:
+    """Replace, in place, each MatMul with a constant [K, N] weight (K a multiple of 4) by MatMulW8A8:
+    w8a8's arithmetic (per-token int8 activations, per-column int8 weights) in one node."""
+    from specrt.backend import kernels
+
+    from .w8a8 import GROUP, MAX_K, pack_w8, quantize_weight
+
+    def pack(weight: np.ndarray) -> dict[str, np.ndarray]:
+        quantized, scale = quantize_weight(weight, reduce_range)
+        return {".w8": pack_w8(quantized), ".w8_scale": scale}
+
+    _replace_matmuls(model, exclude, kernels.MATMUL_W8A8_OP, lambda k: 0 < k <= MAX_K and k % GROUP == 0, pack)
+
+
+def _replace_matmuls(model: onnx.ModelProto, exclude: list[str], op: str, takes_k: Callable[[int], bool],
+                     pack: Callable[[np.ndarray], dict[str, np.ndarray]]) -> None:
+    """Replace, in place, each MatMul with a constant [K, N] weight whose K ``takes_k`` by the kernel
+    library's ``op`` (attributes K, N): inputs x and ``pack(weight)``'s arrays (as initializers named
+    weight + key, in order), and the float32 [N] bias of an Add that alone reads the product."""
+    from specrt.backend import kernels
+
     graph = model.graph
     inits = {i.name: i for i in graph.initializer}
     users: dict[str, int] = {}
@@ -173,21 +206,19 @@ def _specrt_q4(model: onnx.ModelProto, exclude: list[str]) -> None:
             users[name] = users.get(name, 0) + 1
     for node in list(graph.node):
         weight = inits.get(node.input[1]) if node.op_type == "MatMul" and node.name not in exclude else None
-        if weight is None or len(weight.dims) != 2 or weight.dims[0] % BLOCK:
+        if weight is None or len(weight.dims) != 2 or not takes_k(weight.dims[0]):
             continue
         k, n = weight.dims
-        packed, scales = pack_q4(*quantize_q4(numpy_helper.to_array(weight, base_dir="")))
         stem = node.input[1]
-        graph.initializer.extend([numpy_helper.from_array(packed, f"{stem}.q4"),
-                                  numpy_helper.from_array(scales, f"{stem}.q4_scales")])
-        inputs, outputs = [node.input[0], f"{stem}.q4", f"{stem}.q4_scales"], list(node.output)
+        arrays = pack(numpy_helper.to_array(weight, base_dir=""))
+        graph.initializer.extend(numpy_helper.from_array(array, stem + key) for key, array in arrays.items())
+        inputs, outputs = [node.input[0], *(stem + key for key in arrays)], list(node.output)
         add = _bias_add(graph, inits, node.output[0], n)
         if add is not None:  # y = x W + b in one node: the same float addition, after each output's chain
             bias_name = next(name for name in add.input if name != node.output[0])
             inputs, outputs = inputs + [bias_name], list(add.output)
             graph.node.remove(add)
-        replacement = onnx.helper.make_node(kernels.MATMUL_Q4_OP, inputs, outputs, name=node.name,
-                                            domain=kernels.DOMAIN, K=k, N=n)
+        replacement = onnx.helper.make_node(op, inputs, outputs, name=node.name, domain=kernels.DOMAIN, K=k, N=n)
         index = list(graph.node).index(node)  # now: a folded Add before it has moved it
         graph.node.remove(node)
         graph.node.insert(index, replacement)

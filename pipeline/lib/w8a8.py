@@ -17,6 +17,11 @@ are the same bit for bit in a window of any size, on every CPU: speculation equa
 ``q_w`` is 127, or 63 with ``reduce_range`` (onnxruntime's own name for it): AVX2 without VNNI
 multiplies u8 x s8 pairs with ``vpmaddubsw``, which saturates a pair sum at 16 bits (255 * 127 * 2
 does not fit; 255 * 63 * 2 does).
+
+The same arithmetic in one node per product is specrt's MatMulW8A8 operator
+(runtime/kernels/matmul_w8a8.h; ``quantize_graph`` method ``specrt_w8a8``), whose weights
+:func:`pack_w8` lays out. Its AVX2 path multiplies |xq| by W with xq's sign, which never
+saturates, so it takes 8-bit weights as well as 7-bit ones.
 """
 
 from __future__ import annotations
@@ -68,6 +73,36 @@ def quantize_weight(weight: np.ndarray, reduce_range: bool) -> tuple[np.ndarray,
     scale = np.where(absmax > 0, absmax / q_w, 1.0).astype(np.float32)
     quantized = np.clip(np.round(weight / scale), -q_w, q_w).astype(np.int8)
     return quantized, scale
+
+
+TILE = 16  # MatMulW8A8: columns per tile
+GROUP = 4  # k per 32-bit lane
+MAX_K = 32768  # 255 * 127 * K < 2^31: the kernel's int32 sums cannot overflow
+
+
+def pack_w8(quantized: np.ndarray) -> np.ndarray:
+    """int8 weights [K, N] (K a multiple of 4, |w| <= 127) -> MatMulW8A8's packed
+    [ceil(N/16), K/4, 64] int8: byte 4c + i of group q of tile t is W[4q + i, 16t + c]; the last
+    tile's missing columns are zeros."""
+    if quantized.ndim != 2 or quantized.dtype != np.int8:
+        raise ValueError(f"pack_w8: weights {quantized.dtype} of shape {quantized.shape}, expected int8 [K, N]")
+    k, n = quantized.shape
+    if k == 0 or k % GROUP or k > MAX_K:
+        raise ValueError(f"pack_w8: weight of shape {quantized.shape}: expected [K, N] with K a positive multiple "
+                         f"of {GROUP} up to {MAX_K}")
+    if (quantized == -128).any():
+        raise ValueError("pack_w8: a weight is -128; MatMulW8A8 takes -127..127")
+    tiles = -(-n // TILE)
+    padded = np.zeros((k, tiles * TILE), np.int8)
+    padded[:, :n] = quantized
+    return np.ascontiguousarray(padded.reshape(k // GROUP, GROUP, tiles, TILE).transpose(2, 0, 3, 1)
+                                .reshape(tiles, k // GROUP, TILE * GROUP))
+
+
+def unpack_w8(packed: np.ndarray, n: int) -> np.ndarray:
+    """Inverse of :func:`pack_w8`: packed [tiles, K/4, 64] -> int8 [K, N]."""
+    tiles, groups, _ = packed.shape
+    return packed.reshape(tiles, groups, TILE, GROUP).transpose(1, 3, 0, 2).reshape(groups * GROUP, tiles * TILE)[:, :n]
 
 
 def quantize_w8a8(model: onnx.ModelProto, exclude: list[str], *, reduce_range: bool = True) -> onnx.ModelProto:

@@ -23,11 +23,15 @@ bool cpu_has(const char* isa) {
 
 const Isa kIsas[] = {
 #if defined(__x86_64__) || defined(__i386__)
-    {"avx512vnni", avx512::attend, avx512::swiglu, avx512::quantize_rows, avx512vnni::matmul_q4},
-    {"avx512", avx512::attend, avx512::swiglu, avx512::quantize_rows, avx512::matmul_q4},
-    {"avx2", avx2::attend, avx2::swiglu, avx2::quantize_rows, avx2::matmul_q4},
+    {"avx512vnni", avx512::attend, avx512::swiglu, avx512::quantize_rows, avx512vnni::matmul_q4,
+     avx512::quantize_tokens, avx512vnni::matmul_w8a8},
+    {"avx512", avx512::attend, avx512::swiglu, avx512::quantize_rows, avx512::matmul_q4,
+     avx512::quantize_tokens, avx512::matmul_w8a8},
+    {"avx2", avx2::attend, avx2::swiglu, avx2::quantize_rows, avx2::matmul_q4,
+     avx2::quantize_tokens, avx2::matmul_w8a8},
 #endif
-    {"scalar", scalar::attend, scalar::swiglu, scalar::quantize_rows, scalar::matmul_q4},
+    {"scalar", scalar::attend, scalar::swiglu, scalar::quantize_rows, scalar::matmul_q4,
+     scalar::quantize_tokens, scalar::matmul_w8a8},
 };
 
 }  // namespace
@@ -88,6 +92,7 @@ OrtStatus* read_input(OrtKernelContext* context, size_t index, const char* op, c
     return fail(op, std::string("input ") + name + " must be " +
                         (type == ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT     ? "float32"
                          : type == ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16 ? "float16"
+                         : type == ONNX_TENSOR_ELEMENT_DATA_TYPE_INT8    ? "int8"
                                                                          : "uint8"));
   void* data = nullptr;
   if (OrtStatus* s = g_api->GetTensorMutableData(const_cast<OrtValue*>(tensor->value), &data)) return s;
@@ -138,7 +143,8 @@ OrtStatus* ORT_API_CALL RegisterCustomOps(OrtSessionOptions* options, const OrtA
   static OrtCustomOpDomain* domain = nullptr;
   static OrtStatus* made = [&]() -> OrtStatus* {
     if (OrtStatus* status = api->CreateCustomOpDomain("ai.specrt", &domain)) return status;
-    for (const OrtCustomOp* op : {specrt::spec_attention_op(), specrt::swiglu_op(), specrt::matmul_q4_op()})
+    for (const OrtCustomOp* op : {specrt::spec_attention_op(), specrt::swiglu_op(), specrt::matmul_q4_op(),
+                                      specrt::matmul_w8a8_op()})
       if (OrtStatus* status = api->CustomOpDomain_Add(domain, const_cast<OrtCustomOp*>(op))) return status;
     return nullptr;
   }();

@@ -11,6 +11,7 @@
 
 #include "attention.h"
 #include "matmul_q4.h"
+#include "matmul_w8a8.h"
 
 namespace specrt {
 
@@ -18,13 +19,16 @@ namespace specrt {
 const OrtApi& api();
 void set_api(const OrtApi* table);
 
-// One instruction set's kernels; every entry computes the same bits (canonical.h, matmul_q4.h).
+// One instruction set's kernels; every entry computes the same bits (canonical.h, matmul_q4.h,
+// matmul_w8a8.h).
 struct Isa {
   const char* name;
   AttendFn attend;
   SwiGLUFn swiglu;
   QuantizeRowsFn quantize_rows;
   MatMulQ4Fn matmul_q4;
+  QuantizeTokensFn quantize_tokens;
+  MatMulW8A8Fn matmul_w8a8;
 };
 
 // The instruction set to run: SPECRT_KERNEL_ISA if set (an error if unknown or missing on this
@@ -69,5 +73,6 @@ OrtStatus* output(OrtKernelContext* context, size_t index, const std::vector<int
 const OrtCustomOp* spec_attention_op();
 const OrtCustomOp* swiglu_op();
 const OrtCustomOp* matmul_q4_op();
+const OrtCustomOp* matmul_w8a8_op();
 
 }  // namespace specrt

@@ -2,7 +2,7 @@
 as the scalar units (tests/runtime/kernels/avx512_emulated.cc).
 
 The AVX-512 paths are chosen at run time on CPUs that have AVX-512; on a machine without it,
-tests/test_spec_attention.py and tests/test_matmul_q4.py cannot run them. Here the same source
+tests/test_spec_attention.py, tests/test_matmul_q4.py and tests/test_matmul_w8a8.py cannot run them. Here the same source
 files are compiled with -DSPECRT_EMULATED_AVX512, which swaps <immintrin.h> for SIMDe
 (tests/runtime/kernels/simde_avx512.h) and drops the target pragmas, so a wrong lane, mask or layout in
 the AVX-512 code shows as a difference from the scalar definition on every machine. SIMDe's headers
@@ -23,8 +23,9 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 KERNELS = ROOT / "runtime" / "kernels"
 HARNESS = ROOT / "tests" / "runtime" / "kernels"
-AVX512_UNITS = ("matmul_q4_avx512.cc", "matmul_q4_avx512vnni.cc", "kernel_avx512.cc")
-SCALAR_UNITS = ("kernel_scalar.cc", "matmul_q4_scalar.cc", "rotary.cc")
+AVX512_UNITS = ("matmul_q4_avx512.cc", "matmul_q4_avx512vnni.cc", "matmul_w8a8_avx512.cc", "matmul_w8a8_avx512vnni.cc",
+                "kernel_avx512.cc")
+SCALAR_UNITS = ("kernel_scalar.cc", "matmul_q4_scalar.cc", "matmul_w8a8_scalar.cc", "rotary.cc")
 FLAGS = ["-std=c++17", "-O1", "-ffp-contract=off", "-fno-math-errno"]  # as setup.py, bar -O3 (compile time)
 
 pytestmark = pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64") or not shutil.which("g++"),

@@ -5,6 +5,8 @@
     SwiGLU (ai.specrt, 1)                         an MLP's silu(gate) * up on its packed rows
     MatMulQ4 (ai.specrt, 1)                       x W for 4-bit W (blocks of 32, int8 activations),
                                                   a row's bits independent of the window
+    MatMulW8A8 (ai.specrt, 1)                     x W for int8 W (per column) and int8 activations
+                                                  per token: integer sums, the bits of a row alone
 
 ``pip install .`` compiles the library into this package as ``_kernels*.so``. Every onnxruntime
 InferenceSession specrt makes registers it (:func:`register`), so a graph that uses its operators
@@ -26,6 +28,7 @@ OPSET = 1
 ATTENTION_OP = "SpecAttention"
 SWIGLU_OP = "SwiGLU"
 MATMUL_Q4_OP = "MatMulQ4"
+MATMUL_W8A8_OP = "MatMulW8A8"
 HEAD_DIM_MULTIPLE = 16  # SpecAttention's head_dim: a multiple of 16 (one canonical 16-lane vector) ...
 MAX_HEAD_DIM = 1024  # ... up to this
 _INSTALL_HINT = (
@@ -109,7 +112,7 @@ def explain_load_error(path: Path, error: Exception) -> str | None:
     """A message naming the fix when onnxruntime failed to load ``path`` for want of this library's
     operators, else None."""
     text = str(error)
-    if DOMAIN not in text and not any(op in text for op in (ATTENTION_OP, SWIGLU_OP, MATMUL_Q4_OP)):
+    if DOMAIN not in text and not any(op in text for op in (ATTENTION_OP, SWIGLU_OP, MATMUL_Q4_OP, MATMUL_W8A8_OP)):
         return None
     if MATMUL_Q4_OP in text and "tensor(float)" in text and "scales" in text:
         return (f"{path}: its {MATMUL_Q4_OP} nodes carry float32 scales, which this kernel library reads as float16 "

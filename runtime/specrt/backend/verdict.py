@@ -5,8 +5,8 @@ The gate (specrt.engine.spec_gate) runs where the artifact is built and records,
 (manifest ``checks.gate.basis``), what the verdict rests on:
 
     by_construction   no operator of the graph may round a row differently in a window: each one
-                      computes a row alone, with the same code on every CPU (specrt's SpecAttention
-                      and MatMulQ4, integer MatMulInteger, row-wise norms and element-wise ops), so
+                      computes a row alone, with the same code on every CPU (specrt's SpecAttention,
+                      MatMulQ4 and MatMulW8A8, integer MatMulInteger, row-wise norms and element-wise ops), so
                       the verdict holds on any CPU with the CPU provider
     measured          the graph has operators whose kernels pick a path by the number of rows
                       (ROW_DEPENDENT_OPS: float MatMul, MatMulNBits, onnxruntime's attentions): the

@@ -1,5 +1,5 @@
 // specrt's AVX-512 kernel units (compiled against SIMDe, simde_avx512.h) against the scalar units,
-// bit for bit: MatMulQ4's activation quantization and products (AVX-512 BW and VNNI), SwiGLU and
+// bit for bit: MatMulQ4's and MatMulW8A8's activation quantization and products (AVX-512 BW and VNNI), SwiGLU and
 // SpecAttention's per-row attention. Prints "all equal" and exits 0, or names each difference.
 #include <cstdio>
 #include <cstring>
@@ -8,6 +8,7 @@
 
 #include "attention.h"
 #include "matmul_q4.h"
+#include "matmul_w8a8.h"
 
 using namespace specrt;
 
@@ -66,6 +67,53 @@ int check_matmul_q4() {
           if (std::memcmp(y[0].data(), y[i].data(), y[0].size() * sizeof(float))) {
             std::printf("matmul_q4 %s differs: K=%ld N=%ld M=%ld\n", names[i], static_cast<long>(k), static_cast<long>(n),
                         static_cast<long>(m));
+            ++failures;
+          }
+      }
+  return failures;
+}
+
+int check_matmul_w8a8() {
+  int failures = 0;
+  std::uniform_int_distribution<int> weight(-127, 127);
+  for (int64_t k : {4, 36, 896, 1028})  // 36, 1028: an odd number of groups
+    for (int64_t n : {16, 24, 40, 160})
+      for (int64_t m : {1, 2, 3, 4, 5, 8, 9}) {
+        const int64_t tiles = (n + kW8Tile - 1) / kW8Tile;
+        std::vector<int8_t> packed(static_cast<size_t>(tiles * (k / kW8Group) * kW8GroupBytes));
+        for (int8_t& b : packed) b = static_cast<int8_t>(weight(gen));
+        packed[0] = 127;
+        const std::vector<float> scale = normal(static_cast<size_t>(n), 0.01f), bias = normal(static_cast<size_t>(n), 1.0f);
+        std::vector<float> x = normal(static_cast<size_t>(m * k), 3.0f);
+        if (m > 1) std::memset(x.data() + k, 0, static_cast<size_t>(k) * sizeof(float));  // an all-zero row
+        const W8Weights w{k, n, packed.data(), scale.data(), m % 2 ? bias.data() : nullptr};  // odd M: with a bias
+        std::vector<int8_t> xq[2];
+        std::vector<float> a_scale[2];
+        std::vector<int32_t> offset[2];
+        QuantizedTokens tokens[2];
+        for (int v = 0; v < 2; ++v) {
+          xq[v].resize(static_cast<size_t>(m * k));
+          a_scale[v].resize(static_cast<size_t>(m));
+          offset[v].resize(static_cast<size_t>(m));
+          tokens[v] = {xq[v].data(), a_scale[v].data(), offset[v].data()};
+        }
+        scalar::quantize_tokens(x.data(), k, 0, m, tokens[0]);
+        avx512::quantize_tokens(x.data(), k, 0, m, tokens[1]);
+        if (xq[0] != xq[1] || a_scale[0] != a_scale[1] || offset[0] != offset[1]) {
+          std::printf("quantize_tokens differs: K=%ld M=%ld\n", static_cast<long>(k), static_cast<long>(m));
+          ++failures;
+        }
+        const MatMulW8A8Fn kernels[] = {scalar::matmul_w8a8, avx512::matmul_w8a8, avx512vnni::matmul_w8a8};
+        const char* names[] = {"scalar", "avx512", "avx512vnni"};
+        std::vector<float> y[3];
+        for (int i = 0; i < 3; ++i) {
+          y[i].assign(static_cast<size_t>(m * n), -1.0f);
+          kernels[i](w, tokens[0], m, 0, tiles, y[i].data());
+        }
+        for (int i = 1; i < 3; ++i)
+          if (std::memcmp(y[0].data(), y[i].data(), y[0].size() * sizeof(float))) {
+            std::printf("matmul_w8a8 %s differs: K=%ld N=%ld M=%ld\n", names[i], static_cast<long>(k),
+                        static_cast<long>(n), static_cast<long>(m));
             ++failures;
           }
       }
@@ -141,7 +189,7 @@ int check_attention() {
 }  // namespace
 
 int main() {
-  const int failures = check_matmul_q4() + check_swiglu() + check_attention();
+  const int failures = check_matmul_q4() + check_matmul_w8a8() + check_swiglu() + check_attention();
   if (failures) {
     std::printf("%d differences\n", failures);
     return 1;
