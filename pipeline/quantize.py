@@ -67,13 +67,14 @@ def build_variant(src: Path, base: Manifest, out: Path, variant: str, config: Qu
     """Quantize the decoder of ``src`` (verified manifest ``base``) into ``out`` (decoder and
     tokenizer, chat template; the manifest comes later). A graph exported with portable attention is for providers
     without specrt's kernels: its ``specrt_q4`` variant is made with onnxruntime's MatMulNBits instead, and its
-    ``specrt_w8a8`` one with onnxruntime's MatMulInteger (``w8a8``, the same bits)."""
+    ``specrt_w8a8`` one with onnxruntime's MatMulInteger (``w8a8``) and 7-bit weights, which its AVX2 kernel
+    needs (``reduce_range``)."""
     if config.method == "specrt_q4" and base.attention == "portable":
         log.info("%s: portable graph, so the int4 MatMuls are onnxruntime's MatMulNBits, not specrt's MatMulQ4", src)
         config = replace(config, method="matmul_nbits")
     if config.method == "specrt_w8a8" and base.attention == "portable":
         log.info("%s: portable graph, so the int8 MatMuls are onnxruntime's MatMulInteger, not specrt's MatMulW8A8", src)
-        config = replace(config, method="w8a8")
+        config = replace(config, method="w8a8", reduce_range=True)
     t0 = time.perf_counter()
     model = quantize_model(load_model(src / base.decoder), config)
     quantize_s = time.perf_counter() - t0

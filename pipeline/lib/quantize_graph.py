@@ -49,7 +49,8 @@ class QuantConfig:
     accuracy_level: int = 0  # MatMulNBits compute type: 0 = fp32 activations, 4 = int8 activations
     lm_head_bits: int | None = 8  # None keeps the lm_head fp32
     embedding_bits: int | None = None  # 4: GatherBlockQuantized; None keeps the embedding Gather fp32
-    reduce_range: bool = True  # w8a8, specrt_w8a8: 7-bit weights (MatMulInteger on AVX2 saturates 8-bit ones)
+    reduce_range: bool = True  # w8a8, specrt_w8a8: 7-bit weights (MatMulInteger on AVX2 saturates 8-bit ones;
+    # MatMulW8A8 takes either)
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:

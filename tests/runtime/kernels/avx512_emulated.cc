@@ -78,7 +78,7 @@ int check_matmul_w8a8() {
   std::uniform_int_distribution<int> weight(-127, 127);
   for (int64_t k : {4, 36, 896, 1028})  // 36, 1028: an odd number of groups
     for (int64_t n : {16, 24, 40, 160})
-      for (int64_t m : {1, 2, 3, 4, 5, 8, 9}) {
+      for (int64_t m : {1, 2, 3, 4, 5, 8, 9, 16, 29}) {  // 29 = 16 + 8 + 4 + 1: every row block
         const int64_t tiles = (n + kW8Tile - 1) / kW8Tile;
         std::vector<int8_t> packed(static_cast<size_t>(tiles * (k / kW8Group) * kW8GroupBytes));
         for (int8_t& b : packed) b = static_cast<int8_t>(weight(gen));
