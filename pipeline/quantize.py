@@ -73,7 +73,8 @@ def build_variant(src: Path, base: Manifest, out: Path, variant: str, config: Qu
         log.info("%s: portable graph, so the int4 MatMuls are onnxruntime's MatMulNBits, not specrt's MatMulQ4", src)
         config = replace(config, method="matmul_nbits")
     if config.method == "specrt_w8a8" and base.attention == "portable":
-        log.info("%s: portable graph, so the int8 MatMuls are onnxruntime's MatMulInteger, not specrt's MatMulW8A8", src)
+        log.info("%s: portable graph, so the int8 MatMuls are onnxruntime's MatMulInteger, not specrt's "
+                 "MatMulW8A8", src)
         config = replace(config, method="w8a8", reduce_range=True)
     t0 = time.perf_counter()
     model = quantize_model(load_model(src / base.decoder), config)

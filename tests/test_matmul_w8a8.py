@@ -215,7 +215,8 @@ def test_the_quantize_method_writes_one_node_per_product_with_the_rewrites_bits(
     src = specrt.load(tiny_artifact[0])
     graphs = {}
     for method in ("specrt_w8a8", "w8a8"):
-        model = quantize_model(load_model(tiny_artifact[0] / src.manifest.decoder), QuantConfig(method=method, bits=8, lm_head_bits=8))
+        config = QuantConfig(method=method, bits=8, lm_head_bits=8)
+        model = quantize_model(load_model(tiny_artifact[0] / src.manifest.decoder), config)
         graphs[method] = [n.op_type for n in model.graph.node]
         (tmp_path / method).mkdir()
         save_model(model, tmp_path / method / "decoder.onnx")
@@ -249,5 +250,6 @@ def test_a_portable_graph_gets_matmulinteger_for_int8(portable_artifact, tmp_pat
     prompts = [specrt.load(src).encode(PROMPTS[0])]
     report = quantize_artifact(src, tmp_path / "int8-portable", "int8", INT8, prompts, GATE, bench_steps=1)
     assert report["quantization"]["method"] == "w8a8" and report["quantization"]["reduce_range"]  # AVX2's need
-    ops = {n.op_type for n in onnx.load(tmp_path / "int8-portable" / "decoder.onnx", load_external_data=False).graph.node}
+    graph = onnx.load(tmp_path / "int8-portable" / "decoder.onnx", load_external_data=False).graph
+    ops = {n.op_type for n in graph.node}
     assert "MatMulInteger" in ops and kernels.MATMUL_W8A8_OP not in ops

@@ -21,9 +21,10 @@ into its own ``[hidden, vocab]`` initializer first (the Gather keeps ``E``).
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import onnx

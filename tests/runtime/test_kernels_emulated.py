@@ -2,8 +2,8 @@
 as the scalar units (tests/runtime/kernels/avx512_emulated.cc).
 
 The AVX-512 paths are chosen at run time on CPUs that have AVX-512; on a machine without it,
-tests/test_spec_attention.py, tests/test_matmul_q4.py and tests/test_matmul_w8a8.py cannot run them. Here the same source
-files are compiled with -DSPECRT_EMULATED_AVX512, which swaps <immintrin.h> for SIMDe
+tests/test_spec_attention.py, tests/test_matmul_q4.py and tests/test_matmul_w8a8.py cannot run
+them. Here the same source files are compiled with -DSPECRT_EMULATED_AVX512, which swaps <immintrin.h> for SIMDe
 (tests/runtime/kernels/simde_avx512.h) and drops the target pragmas, so a wrong lane, mask or layout in
 the AVX-512 code shows as a difference from the scalar definition on every machine. SIMDe's headers
 come from Debian's libsimde-dev (fetched by runtime/kernels/fetch_debian_package.sh into the cache
