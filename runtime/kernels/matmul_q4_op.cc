@@ -22,31 +22,6 @@ constexpr const char* kOpName = "MatMulQ4";
 
 OrtStatus* fail(const std::string& message) { return specrt::fail(kOpName, message); }
 
-struct Rows {
-  const float* x;
-  int64_t k;
-  QuantizedRows out;
-  QuantizeRowsFn quantize;
-};
-
-void quantize_row(void* user, size_t row) {
-  const Rows& rows = *static_cast<const Rows*>(user);
-  rows.quantize(rows.x, rows.k, static_cast<int64_t>(row), static_cast<int64_t>(row) + 1, rows.out);
-}
-
-struct Tiles {
-  const Q4Weights* w;
-  const QuantizedRows* rows;
-  int64_t m;
-  float* y;
-  MatMulQ4Fn matmul;
-};
-
-void run_tile(void* user, size_t tile) {
-  const Tiles& work = *static_cast<const Tiles*>(user);
-  work.matmul(*work.w, *work.rows, work.m, static_cast<int64_t>(tile), static_cast<int64_t>(tile) + 1, work.y);
-}
-
 struct MatMulQ4Kernel {
   int64_t k = 0, n = 0;
   const Isa* isa = nullptr;
@@ -84,17 +59,10 @@ struct MatMulQ4Kernel {
     dx.resize(static_cast<size_t>(m * blocks));
     offset.resize(static_cast<size_t>(m * blocks));
     const QuantizedRows rows{xq.data(), dx.data(), offset.data()};
-    Rows quantize{static_cast<const float*>(x.data), k, rows, isa->quantize_rows};
-    if (m < 4) {
-      isa->quantize_rows(quantize.x, k, 0, m, rows);
-    } else if (OrtStatus* status = api().KernelContext_ParallelFor(context, quantize_row, static_cast<size_t>(m), 0,
-                                                                   &quantize)) {
-      return status;
-    }
     const Q4Weights w{k, n, static_cast<const uint8_t*>(packed.data), static_cast<const uint16_t*>(scales.data),
                       bias.value ? static_cast<const float*>(bias.data) : nullptr};
-    Tiles work{&w, &rows, m, y, isa->matmul_q4};
-    return api().KernelContext_ParallelFor(context, run_tile, static_cast<size_t>(tiles), 0, &work);
+    return run_weight_product(context, static_cast<const float*>(x.data), k, m, isa->quantize_rows, rows,
+                              isa->matmul_q4, w, tiles, y);
   }
 };
 

@@ -22,31 +22,6 @@ constexpr const char* kOpName = "MatMulW8A8";
 
 OrtStatus* fail(const std::string& message) { return specrt::fail(kOpName, message); }
 
-struct Tokens {
-  const float* x;
-  int64_t k;
-  QuantizedTokens out;
-  QuantizeTokensFn quantize;
-};
-
-void quantize_token(void* user, size_t row) {
-  const Tokens& tokens = *static_cast<const Tokens*>(user);
-  tokens.quantize(tokens.x, tokens.k, static_cast<int64_t>(row), static_cast<int64_t>(row) + 1, tokens.out);
-}
-
-struct Tiles {
-  const W8Weights* w;
-  const QuantizedTokens* tokens;
-  int64_t m;
-  float* y;
-  MatMulW8A8Fn matmul;
-};
-
-void run_tile(void* user, size_t tile) {
-  const Tiles& work = *static_cast<const Tiles*>(user);
-  work.matmul(*work.w, *work.tokens, work.m, static_cast<int64_t>(tile), static_cast<int64_t>(tile) + 1, work.y);
-}
-
 struct MatMulW8A8Kernel {
   int64_t k = 0, n = 0;
   const Isa* isa = nullptr;
@@ -84,17 +59,10 @@ struct MatMulW8A8Kernel {
     a_scale.resize(static_cast<size_t>(m));
     offset.resize(static_cast<size_t>(m));
     const QuantizedTokens tokens{xq.data(), a_scale.data(), offset.data()};
-    Tokens quantize{static_cast<const float*>(x.data), k, tokens, isa->quantize_tokens};
-    if (m < 4) {
-      isa->quantize_tokens(quantize.x, k, 0, m, tokens);
-    } else if (OrtStatus* status = api().KernelContext_ParallelFor(context, quantize_token, static_cast<size_t>(m), 0,
-                                                                   &quantize)) {
-      return status;
-    }
     const W8Weights w{k, n, static_cast<const int8_t*>(packed.data), static_cast<const float*>(scale.data),
                       bias.value ? static_cast<const float*>(bias.data) : nullptr};
-    Tiles work{&w, &tokens, m, y, isa->matmul_w8a8};
-    return api().KernelContext_ParallelFor(context, run_tile, static_cast<size_t>(tiles), 0, &work);
+    return run_weight_product(context, static_cast<const float*>(x.data), k, m, isa->quantize_tokens, tokens,
+                              isa->matmul_w8a8, w, tiles, y);
   }
 };
 

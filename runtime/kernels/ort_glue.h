@@ -69,6 +69,46 @@ OrtStatus* read_input(OrtKernelContext* context, size_t index, const char* op, c
 
 OrtStatus* output(OrtKernelContext* context, size_t index, const std::vector<int64_t>& shape, float** data);
 
+// A weight product's two passes over onnxruntime's intra-op pool (MatMulQ4, MatMulW8A8): the
+// activation quantization of x [m, k] into `rows` (a task per row from 4 rows up, else on the
+// calling thread), then the output tiles [0, tiles) of y (a task per tile, every row in each).
+template <class Quantized, class Weights>
+OrtStatus* run_weight_product(OrtKernelContext* context, const float* x, int64_t k, int64_t m,
+                              void (*quantize)(const float*, int64_t, int64_t, int64_t, const Quantized&),
+                              const Quantized& rows,
+                              void (*product)(const Weights&, const Quantized&, int64_t, int64_t, int64_t, float*),
+                              const Weights& w, int64_t tiles, float* y) {
+  struct RowTask {
+    const float* x;
+    int64_t k;
+    const Quantized* rows;
+    void (*quantize)(const float*, int64_t, int64_t, int64_t, const Quantized&);
+  } row_task{x, k, &rows, quantize};
+  auto one_row = [](void* user, size_t row) {
+    const RowTask& task = *static_cast<const RowTask*>(user);
+    const auto r = static_cast<int64_t>(row);
+    task.quantize(task.x, task.k, r, r + 1, *task.rows);
+  };
+  if (m < 4) {
+    quantize(x, k, 0, m, rows);
+  } else if (OrtStatus* status = api().KernelContext_ParallelFor(context, one_row, static_cast<size_t>(m), 0, &row_task)) {
+    return status;
+  }
+  struct TileTask {
+    const Weights* w;
+    const Quantized* rows;
+    int64_t m;
+    float* y;
+    void (*product)(const Weights&, const Quantized&, int64_t, int64_t, int64_t, float*);
+  } tile_task{&w, &rows, m, y, product};
+  auto one_tile = [](void* user, size_t tile) {
+    const TileTask& task = *static_cast<const TileTask*>(user);
+    const auto t = static_cast<int64_t>(tile);
+    task.product(*task.w, *task.rows, task.m, t, t + 1, task.y);
+  };
+  return api().KernelContext_ParallelFor(context, one_tile, static_cast<size_t>(tiles), 0, &tile_task);
+}
+
 // The library's operators, made once for the process (sessions keep pointers to them).
 const OrtCustomOp* spec_attention_op();
 const OrtCustomOp* swiglu_op();
