@@ -156,9 +156,10 @@ def test_every_instruction_set_gives_the_same_bits(monkeypatch, k, n, rows):
     rng = np.random.default_rng(k)
     weight = rng.standard_normal((k, n)).astype(np.float32)
     quantized, scale = quantize_weight(weight, reduce_range=False)  # 8-bit weights: the pair sums' worst case
-    quantized[:, 0] = 127
+    quantized[:, 0], quantized[:, 1] = 127, -127
     x = rng.standard_normal((rows, k)).astype(np.float32)
-    x[0, :] = np.where(np.arange(k) % 2, 1.0, -1.0) * np.float32(3)  # |xq| = 127 throughout
+    x[0, :] = 3.0  # xq = 127 throughout: every pair sum of columns 0 and 1 is +-2 * 127 * 127
+    x[-1, : k // 2] = -3.0  # and -127 on half of the last row
     graph = w8_graph(k, n, pack_w8(quantized), scale, bias=rng.standard_normal(n).astype(np.float32))
     results = {}
     for isa in available:
