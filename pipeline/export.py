@@ -30,6 +30,7 @@ from specrt.backend.manifest import MANIFEST_NAME, Manifest
 from specrt.backend.session import OrtDecoder
 from specrt.engine.spec_gate import gate_from_params
 from specrt.files import file_entry
+from specrt.vision.encoder import VisionEncoder
 
 from .lib.atomic import staged_dir, write_text_atomic
 from .lib.chat_template import chat_template, write_chat_template
@@ -39,10 +40,21 @@ from .lib.params import gated, stage_params
 from .lib.parity import check_parity
 from .lib.provenance import graph_op_types, producer_versions
 from .lib.specbench import calibration_prompts
+from .lib.vision_graph import (
+    VisionSource,
+    export_vision_onnx,
+    image_parity,
+    is_vlm_folder,
+    load_vlm,
+    text_decoder_of,
+    vision_source,
+)
 
 log = logging.getLogger(__name__)
 
 DECODER_FILE = "decoder.onnx"
+VISION_FILE = "vision.onnx"  # a vision-language model's encoder
+VISION_CHECK_PROMPT = "Describe this image."  # the parity check's prompt, after its image (vision_graph.check_image)
 TOKENIZER_FILE = "tokenizer.json"
 
 
@@ -129,18 +141,23 @@ def _write_artifact(
     attention: str = "specrt",
     gate_prompts: list[np.ndarray] | None = None,
     gate: dict[str, Any] | None = None,
+    vision: VisionSource | None = None,
 ) -> Manifest:
     """Export, copy the tokenizer, check parity and run the spec-safety gate (specrt.engine.spec_gate)
     into the empty folder ``out``, then write the manifest, or ``parity_failed.json`` instead when
     parity is off (``checks["parity"]["ok"]``). The gate runs on ``gate_prompts`` with ``gate``
     settings (params.yaml: gate); by default on the first half of ``check_ids``, briefly. Where
     ``gate`` names its ``variants`` without ``variant``, no gate runs: the manifest records no verdict,
-    and the runtime runs its self-check before the first speculative request (specrt.backend.verdict)."""
+    and the runtime runs its self-check before the first speculative request (specrt.backend.verdict).
+    ``vision``: ``model`` is a vision-language model's text decoder (pipeline.lib.vision_graph); its
+    encoder goes beside it and the parity check covers a prompt with an image too."""
     model = model.float().eval()
     max_context = min(max_context, getattr(model.config, "max_position_embeddings", max_context))
     dims = model_dims(model, max_context)
     t0 = time.perf_counter()
-    export_onnx(model, dims, out / DECODER_FILE, opset, attention)
+    export_onnx(model, dims, out / DECODER_FILE, opset, attention, vision.image_token_id if vision else None)
+    if vision is not None:
+        export_vision_onnx(vision.vlm, out / VISION_FILE, opset)
     export_s = time.perf_counter() - t0
     shutil.copyfile(tokenizer_json, out / TOKENIZER_FILE)
     check_tokenizer(tokenizer, out / TOKENIZER_FILE, ["def add(a, b):\n    return a + b", "Hello, world! héllo"])
@@ -149,6 +166,11 @@ def _write_artifact(
     t0 = time.perf_counter()
     decoder = OrtDecoder(out / DECODER_FILE, dims, threads=None)
     parity = check_parity(model, decoder, check_ids, chunk=prefill_chunk, tolerance=tolerance)
+    if vision is not None:
+        image = image_parity(vision, VisionEncoder(out / VISION_FILE, dims.hidden), decoder, prefill_chunk)
+        parity["image"] = image
+        parity["ok"] = parity["ok"] and image["encoder_max_abs_diff"] <= tolerance \
+            and image["decoder"]["max_abs_diff"] <= tolerance and image["decoder"]["argmax_flips"] == 0
     parity["seconds"] = round(time.perf_counter() - t0, 2)
     log.info("parity: %s", parity)
     gate = gate or {"new_tokens": 16, "widths": [4], "prefill_chunk": prefill_chunk}
@@ -161,7 +183,8 @@ def _write_artifact(
     else:
         log.info("gate: not run on %s (its section's variants: %s)", variant, gate["variants"])
 
-    inputs, outputs = contract.io_table(dims.num_layers, dims.kv_heads, dims.head_dim, dims.hidden, dims.vocab)
+    inputs, outputs = contract.io_table(dims.num_layers, dims.kv_heads, dims.head_dim, dims.hidden, dims.vocab,
+                                        image_embeds=vision is not None)
     files = {p.name: file_entry(p) for p in sorted(out.iterdir()) if p.name != MANIFEST_NAME}
     manifest = Manifest(
         name=name,
@@ -179,6 +202,7 @@ def _write_artifact(
         spec_safe=bool(checks["gate"]["spec_safe"]) if "gate" in checks else True,
         attention=attention,
         checks={**checks, "export_s": round(export_s, 2)},
+        vision=vision.spec(VISION_FILE) if vision is not None else None,
     )
     if not parity["ok"]:
         (out / "parity_failed.json").write_text(json.dumps(parity, indent=2))
@@ -201,11 +225,15 @@ def run(
     overrides ``params["parity_tokens"]``."""
     torch.manual_seed(0)
     t0 = time.perf_counter()
-    model = load_causal_lm(hf_dir)
+    vlm = load_vlm(hf_dir) if is_vlm_folder(hf_dir) else None
+    model = text_decoder_of(vlm) if vlm is not None else load_causal_lm(hf_dir)
     tokenizer = AutoTokenizer.from_pretrained(hf_dir)
     load_s = time.perf_counter() - t0
     chat = chat_template(tokenizer)
     wrap = (lambda text: chat.prefix + text + chat.suffix) if chat else (lambda text: text)
+    vision = None
+    if vlm is not None:
+        vision = vision_source(vlm, hf_dir, lambda text: tokenizer(wrap(text))["input_ids"], VISION_CHECK_PROMPT)
     gate_prompts = calibration_prompts(
         parity_text,
         lambda text: np.array(tokenizer(wrap(text))["input_ids"], np.int64),
@@ -227,6 +255,7 @@ def run(
         stop_tokens=stop_tokens,
         gate_prompts=gate_prompts,
         gate=gate,
+        vision=vision,
     )
     return {
         "model": name,

@@ -65,10 +65,10 @@ def decode_ms_per_token(decoders: dict[str, OrtDecoder], prompt: np.ndarray, ste
 
 def build_variant(src: Path, base: Manifest, out: Path, variant: str, config: QuantConfig) -> Manifest:
     """Quantize the decoder of ``src`` (verified manifest ``base``) into ``out`` (decoder and
-    tokenizer, chat template; the manifest comes later). A graph exported with portable attention is for providers
-    without specrt's kernels: its ``specrt_q4`` variant is made with onnxruntime's MatMulNBits instead, and its
-    ``specrt_w8a8`` one with onnxruntime's MatMulInteger (``w8a8``) and 7-bit weights, which its AVX2 kernel
-    needs (``reduce_range``)."""
+    tokenizer, chat template, a vision encoder as it is; the manifest comes later). A graph exported
+    with portable attention is for providers without specrt's kernels: its ``specrt_q4`` variant is
+    made with onnxruntime's MatMulNBits instead, and its ``specrt_w8a8`` one with onnxruntime's
+    MatMulInteger (``w8a8``) and 7-bit weights, which its AVX2 kernel needs (``reduce_range``)."""
     if config.method == "specrt_q4" and base.attention == "portable":
         log.info("%s: portable graph, so the int4 MatMuls are onnxruntime's MatMulNBits, not specrt's MatMulQ4", src)
         config = replace(config, method="matmul_nbits")
@@ -83,6 +83,9 @@ def build_variant(src: Path, base: Manifest, out: Path, variant: str, config: Qu
     shutil.copyfile(src / base.tokenizer, out / base.tokenizer)
     if base.chat_template is not None:
         shutil.copyfile(src / base.chat_template.file, out / base.chat_template.file)
+    if base.vision is not None:  # the vision encoder runs once per image frame: kept in float32
+        for name in base.vision.encoder_files(base.files):
+            shutil.copyfile(src / name, out / name)
     return replace(
         base,
         variant=variant,

@@ -88,10 +88,14 @@ class DecoderForExport(nn.Module):
         return masks
 
     def forward(self, input_ids, position_ids, attention_bias, *past):
+        return self._decode({"input_ids": input_ids}, position_ids, attention_bias, past)
+
+    def _decode(self, tokens: dict[str, torch.Tensor], position_ids, attention_bias, past):
+        """The contract's outputs for the new positions given as ``tokens`` (input_ids or inputs_embeds)."""
         num_layers = len(past) // 2
         cache = RowCache([(past[2 * i], past[2 * i + 1]) for i in range(num_layers)])
         out = self.model.model(
-            input_ids=input_ids,
+            **tokens,
             position_ids=position_ids,
             attention_mask=self._masks(attention_bias, position_ids),
             cache=cache,
@@ -102,6 +106,38 @@ class DecoderForExport(nn.Module):
         if self.softcap is not None:
             logits = torch.tanh(logits / self.softcap) * self.softcap
         return (logits, *cache.present(), hidden)
+
+
+def merge_image_rows(
+    embeds: torch.Tensor, input_ids: torch.Tensor, image_embeds: torch.Tensor, image_token_id: int
+) -> torch.Tensor:
+    """embeds [1, s, hidden] with the k-th ``image_token_id`` of input_ids [1, s] (k = 1, 2, ...)
+    replaced by image_embeds[k - 1] ([n, hidden]) while k <= n (specrt.backend.contract).
+
+    Row 0 of the gathered table is a zero row that no taken position reads, so that n = 0 gathers
+    nothing out of range."""
+    is_image = input_ids[0] == image_token_id  # [s]
+    k = torch.cumsum(is_image.to(torch.int64), 0)  # [s] rank of each image token in the pass, from 1
+    take = is_image & (k <= image_embeds.shape[0])  # [s]
+    table = torch.cat([image_embeds.new_zeros(1, image_embeds.shape[1]), image_embeds])  # [n + 1, hidden]
+    picked = table[torch.where(take, k, torch.zeros_like(k))]  # [s, hidden]
+    return torch.where(take[None, :, None], picked[None], embeds)
+
+
+class VisionDecoderForExport(DecoderForExport):
+    """``forward(input_ids, position_ids, attention_bias, image_embeds, *past)``: a vision-language
+    model's text decoder, whose image tokens embed as the rows of ``image_embeds`` ([n, hidden]; the
+    vision encoder's output, pipeline.lib.vision_graph) by :func:`merge_image_rows`. ``model``: the
+    text decoder as a causal LM (``model.model`` its base model, with ``embed_tokens``)."""
+
+    def __init__(self, model: PreTrainedModel, image_token_id: int):
+        super().__init__(model)
+        self.image_token_id = image_token_id
+
+    def forward(self, input_ids, position_ids, attention_bias, image_embeds, *past):
+        embeds = self.model.model.embed_tokens(input_ids)  # [1, s, hidden], the model's own (scaled) lookup
+        merged = merge_image_rows(embeds, input_ids, image_embeds, self.image_token_id)
+        return self._decode({"inputs_embeds": merged}, position_ids, attention_bias, past)
 
 
 class RowCache:
@@ -144,35 +180,46 @@ class RowCache:
         return [state for i in range(len(self._past)) for state in self._new[i]]
 
 
-def example_inputs(dims: ModelDims, s: int = 3, past: int = 5) -> tuple[torch.Tensor, ...]:
-    """Inputs of the contract's shapes (a chain of s tokens after past cached ones)."""
+def example_inputs(dims: ModelDims, s: int = 3, past: int = 5, images: int | None = None) -> tuple[torch.Tensor, ...]:
+    """Inputs of the contract's shapes (a chain of s tokens after past cached ones; ``images``: that
+    many rows of image_embeds, for a vision-language decoder)."""
     ids = torch.randint(0, dims.vocab, (1, s))
     pos = torch.arange(past, past + s)[None]
     bias = torch.zeros(1, 1, s, past + s)
     bias[0, 0, :, past:] = torch.triu(torch.full((s, s), contract.MASK_VALUE), diagonal=1)
     kv = [torch.randn(1, past, dims.kv_heads, dims.head_dim) for _ in range(2 * dims.num_layers)]
-    return (ids, pos, bias, *kv)
+    rows = () if images is None else (torch.randn(images, dims.hidden),)
+    return (ids, pos, bias, *rows, *kv)
 
 
-def export_onnx(model: PreTrainedModel, dims: ModelDims, path: Path, opset: int, attention: str = "specrt") -> None:
+def export_onnx(
+    model: PreTrainedModel, dims: ModelDims, path: Path, opset: int, attention: str = "specrt",
+    image_token_id: int | None = None,
+) -> None:
     """Export ``model`` to ``path`` (+ ``path.data``, external weights) per ``specrt.backend.contract``.
 
     attention: "specrt" (one SpecAttention node per layer, run by specrt's kernel library on the CPU;
     pipeline.lib.spec_attention) or "portable" (standard and com.microsoft operators only, for the CUDA
-    provider and any onnxruntime without the library; pipeline.lib.grouped_attention)."""
+    provider and any onnxruntime without the library; pipeline.lib.grouped_attention).
+    image_token_id: the text decoder of a vision-language model, with the contract's image_embeds input
+    (:class:`VisionDecoderForExport`)."""
     if attention not in ATTENTION_KINDS:
         raise ValueError(f"attention must be one of {ATTENTION_KINDS}, got {attention!r}")
-    inputs, outputs = contract.io_table(dims.num_layers, dims.kv_heads, dims.head_dim, dims.hidden, dims.vocab)
+    vision = image_token_id is not None
+    inputs, outputs = contract.io_table(dims.num_layers, dims.kv_heads, dims.head_dim, dims.hidden, dims.vocab,
+                                        image_embeds=vision)
     s, past = torch.export.Dim("s", min=1, max=dims.max_context), torch.export.Dim("past", min=0, max=dims.max_context)
+    rows = ({0: torch.export.Dim("n", min=0, max=dims.max_context)},) if vision else ()
     # the varargs `*past` form one tuple in the signature, hence the nested tuple
-    dynamic = ({1: s}, {1: s}, {2: s, 3: torch.export.Dim.AUTO}, tuple({1: past} for _ in range(2 * dims.num_layers)))
+    dynamic = ({1: s}, {1: s}, {2: s, 3: torch.export.Dim.AUTO}, *rows,
+               tuple({1: past} for _ in range(2 * dims.num_layers)))
     path.parent.mkdir(parents=True, exist_ok=True)
     patch = spec_attention_of if attention == "specrt" else grouped_attention_of
     with torch.no_grad(), patch(model):
-        wrapper = DecoderForExport(model).eval()
+        wrapper = (VisionDecoderForExport(model, image_token_id) if vision else DecoderForExport(model)).eval()
         program = torch.onnx.export(
             wrapper,
-            example_inputs(dims),
+            example_inputs(dims, images=3 if vision else None),
             input_names=[t.name for t in inputs],
             output_names=[t.name for t in outputs],
             dynamic_shapes=dynamic,

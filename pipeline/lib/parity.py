@@ -25,7 +25,7 @@ def torch_logits(model: PreTrainedModel, ids: np.ndarray) -> np.ndarray:
     return model(torch.from_numpy(np.asarray(ids, np.int64))[None]).logits[0].float().numpy()
 
 
-def _compare(got: np.ndarray, ref: np.ndarray) -> dict[str, float | int]:
+def compare_logits(got: np.ndarray, ref: np.ndarray) -> dict[str, float | int]:
     """Max |diff| and how many argmaxes differ where torch's top-2 margin exceeds that diff."""
     diff = float(np.abs(got - ref).max())
     top2 = np.sort(ref, axis=-1)[:, -2:]
@@ -41,7 +41,7 @@ def chain_parity(decoder: OrtDecoder, ids: np.ndarray, ref: np.ndarray, split: i
     head = np.concatenate([out.logits for out in prefill(decoder, ids[:split], chunk)])
     window = flatten(int(ids[split]), DraftTree.chain(ids[split + 1 :]), decoder.past)
     tail = decoder.forward(window.input_ids, window.position_ids, window.attention_bias).logits
-    return _compare(np.concatenate([head, tail]), ref)
+    return compare_logits(np.concatenate([head, tail]), ref)
 
 
 def tree_parity(model: PreTrainedModel, decoder: OrtDecoder, ids: np.ndarray, ref: np.ndarray, split: int) -> dict:
@@ -61,7 +61,7 @@ def tree_parity(model: PreTrainedModel, decoder: OrtDecoder, ids: np.ndarray, re
     window = flatten(int(ids[split]), tree, decoder.past)
     got = decoder.forward(window.input_ids, window.position_ids, window.attention_bias).logits
     ref_alt = torch_logits(model, np.concatenate([ids[: split + 1], [alt0, alt1]]))[-2:]  # n2, n3
-    return _compare(got, np.concatenate([ref[split : split + 3], ref_alt]))
+    return compare_logits(got, np.concatenate([ref[split : split + 3], ref_alt]))
 
 
 def check_parity(

@@ -48,6 +48,7 @@ except ImportError:  # tokenizers < 0.21: TextStream decodes a window itself
 from specrt.backend.blas import BlasGuard
 from specrt.backend.draft_model import OrtDraftModel
 from specrt.backend.manifest import Manifest, read_manifest
+from specrt.backend.prefill import PromptImages
 from specrt.backend.session import DecoderSession, OrtDecoder
 from specrt.backend.verdict import SELF_CHECK_PROMPTS, Verdict, covers
 from specrt.cancel import CancelToken
@@ -73,6 +74,7 @@ from specrt.engine.spec_gate import self_check
 from specrt.errors import ArtifactError, InvalidRequestError, MissingDependencyError, check_int, check_number
 from specrt.logprobs import TokenLogprob
 from specrt.sampling import SamplingParams
+from specrt.vision.inputs import ImageInputs
 
 log = logging.getLogger(__name__)
 
@@ -252,6 +254,9 @@ class SpecModel:
             self.draft_graph = session(draft_folder, self.draft_manifest)
         if datastore is not None:  # refuse a datastore of another tokenizer now, not at the first request
             datastore_for(self.drafter_env(tree=False), "load")
+        self.images: ImageInputs | None = None  # a vision-language artifact's image side (specrt.vision)
+        if manifest.vision is not None and backend == "onnxruntime":
+            self.images = ImageInputs(folder, manifest, provider=provider, threads=threads)
 
     def encode(self, prompt: str, *, chat: bool = False) -> np.ndarray:
         """The prompt's token ids ([t] int64). ``chat``: ``prompt`` as one user turn, wrapped in the
@@ -320,6 +325,7 @@ class SpecModel:
         cancel: CancelToken | None = None,
         timeout_s: float | None = None,
         logprobs: int | None = None,
+        images: PromptImages | None = None,
     ) -> tuple[SpeculativeLoop, Iterator[np.ndarray]]:
         """The loop for one request on token ids, and the iterator of its emitted token chunks.
 
@@ -337,8 +343,15 @@ class SpecModel:
 
         ``logprobs`` (k >= 0): the loop records each emitted token's log-probability and its k most
         likely alternatives (``loop.logprobs``, :class:`specrt.logprobs.TokenLogprob`), from the
-        model's raw logits at that position, as plain decoding computes them."""
+        model's raw logits at that position, as plain decoding computes them.
+
+        ``images`` (:meth:`encode_images`): the rows of the prompt's image placeholders, one per
+        placeholder; such a prompt is never served from or kept in the prefix cache."""
         ids = self._check_ids(prompt_ids)
+        if images is not None:
+            if self.images is None:
+                raise InvalidRequestError(f"{self.manifest.name}/{self.manifest.variant} takes no images")
+            self.images.check(ids, images)
         if cancel is not None and not isinstance(cancel, CancelToken):
             raise InvalidRequestError(f"cancel must be a specrt.CancelToken, got {type(cancel).__name__}")
         if timeout_s is not None:
@@ -387,7 +400,7 @@ class SpecModel:
             loop = SpeculativeLoop(
                 lease.decoder, drafter, self.manifest.eos_token_ids, config, self.verify_cost, method=label,
                 backoff_from=self.drafter_state.get(backoff_key) if backoff_key else None,
-                prefix_cache=self.prefix_cache, blas=self.blas, cancel=cancel, acceptance=acceptance,
+                prefix_cache=self.prefix_cache, blas=self.blas, cancel=cancel, acceptance=acceptance, images=images,
             )
         except BaseException:
             lease.release()
@@ -517,9 +530,36 @@ class SpecModel:
         out = [c for c in chunks]
         return (np.concatenate(out) if out else np.zeros(0, np.int64)), loop
 
+    def encode_images(
+        self, prompt: str, images: Sequence[Any], *, chat: bool = False
+    ) -> tuple[np.ndarray, PromptImages]:
+        """A vision-language artifact's prompt with ``images`` (paths, encoded bytes, HxWx3 uint8
+        arrays or PIL images; specrt.vision.load_image): the token ids of ``prompt`` with each
+        image's placeholder text where it names ``<image>`` (at its start when it names none), and
+        the images' rows for those placeholders. ``chat`` as :meth:`encode`."""
+        if self.images is None:
+            raise InvalidRequestError(f"{self.manifest.name}/{self.manifest.variant} takes no images (not a "
+                                      "vision-language artifact" + (", or on the hf backend)" if self.manifest.vision
+                                                                     else ")"))
+        _check_text(prompt, "prompt")
+        text, rows = self.images.prepare(prompt, images)
+        ids = self.encode(text, chat=chat)
+        return ids, self.images.prompt_images(ids, rows)
+
+    def _prompt(self, prompt: str, chat: bool, options: dict[str, Any]) -> np.ndarray:
+        """The ids of ``prompt``; images in ``options`` (``images=[...]``) become the prompt's image rows."""
+        images = options.pop("images", None)
+        if images is None:
+            return self.encode(prompt, chat=chat)
+        if isinstance(images, (str, bytes, Path)) or not isinstance(images, Sequence):
+            raise InvalidRequestError(f"images must be a list of images, got {type(images).__name__}")
+        ids, options["images"] = self.encode_images(prompt, images, chat=chat)
+        return ids
+
     def generate(self, prompt: str, *, chat: bool = False, **options: Any) -> GenerationResult:
-        """Complete ``prompt``; options as :meth:`stream_ids` (method, tree, temperature, ...)."""
-        return self.generate_result(self.encode(prompt, chat=chat), **options)
+        """Complete ``prompt``; options as :meth:`stream_ids` (method, tree, temperature, ...), and
+        ``images`` (a list) for a vision-language artifact (:meth:`encode_images`)."""
+        return self.generate_result(self._prompt(prompt, chat, options), **options)
 
     def chat(self, msgs: Sequence[Message | dict], **options: Any) -> GenerationResult:
         """The assistant's answer to chat messages (:meth:`encode_chat`); options as :meth:`stream_ids`."""
@@ -541,8 +581,8 @@ class SpecModel:
         )
 
     def stream(self, prompt: str, *, chat: bool = False, **options: Any) -> Iterator[str]:
-        """Yield the completion's text as the verifier accepts it."""
-        return self._text(self.encode(prompt, chat=chat), options)
+        """Yield the completion's text as the verifier accepts it (``images`` as :meth:`generate`)."""
+        return self._text(self._prompt(prompt, chat, options), options)
 
     def stream_chat(self, msgs: Sequence[Message | dict], **options: Any) -> Iterator[str]:
         """Yield the assistant's answer to chat messages as the verifier accepts it."""

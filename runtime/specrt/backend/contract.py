@@ -22,6 +22,17 @@ from it inside the graph, so a single bias input stays exact for every layer typ
     present.{i}.key      float32  [1, s, kv_heads, head_dim]          keys of the s NEW positions only
     present.{i}.value    float32  [1, s, kv_heads, head_dim]          values of the s new positions
     hidden_states        float32  [1, s, hidden]                      final-norm hidden states
+
+A vision-language decoder (``io_table(..., image_embeds=True)``) has one more input:
+
+    image_embeds         float32  [n, hidden]                         rows for this pass's image tokens
+
+The k-th ``image_token_id`` among the pass's input ids (k = 1, 2, ...) takes row k - 1 of
+``image_embeds`` as its embedding instead of the token's own, while k <= n; every other token, and
+an image token beyond the n rows, embeds as usual. Prefill passes of a prompt with images hand over
+the rows of the image tokens they hold (the vision encoder's output, in prompt order); every other
+pass gives ``n = 0``, so an image token that a drafter copies or the model generates is an ordinary
+token, as in the model's own ``generate``.
 """
 
 from __future__ import annotations
@@ -41,6 +52,10 @@ LOGITS = "logits"
 # kernel library) or "portable" (standard and com.microsoft operators, any provider).
 ATTENTION_METADATA = "specrt.attention"
 HIDDEN_STATES = "hidden_states"
+IMAGE_EMBEDS = "image_embeds"
+# A vision-language artifact's encoder graph: pixel_values [1, 3, side, side] (one frame, as
+# specrt.vision prepares it) -> image_embeds [1, image_seq_len, hidden] (that frame's decoder rows).
+PIXEL_VALUES = "pixel_values"
 
 
 def past_key(layer: int) -> str:
@@ -67,15 +82,17 @@ class TensorSpec:
     doc: str
 
 
-def io_table(num_layers: int, kv_heads: int, head_dim: int, hidden: int, vocab: int) -> tuple[
-    tuple[TensorSpec, ...], tuple[TensorSpec, ...]
-]:
-    """(inputs, outputs) of a decoder with these dims, in graph order."""
+def io_table(num_layers: int, kv_heads: int, head_dim: int, hidden: int, vocab: int, *,
+             image_embeds: bool = False) -> tuple[tuple[TensorSpec, ...], tuple[TensorSpec, ...]]:
+    """(inputs, outputs) of a decoder with these dims, in graph order; ``image_embeds``: a
+    vision-language decoder's (see the module docstring)."""
     inputs = [
         TensorSpec(INPUT_IDS, "int64", (1, "s"), "tokens of the s new positions"),
         TensorSpec(POSITION_IDS, "int64", (1, "s"), "absolute position of each new token"),
         TensorSpec(ATTENTION_BIAS, "float32", (1, 1, "s", "past+s"), "additive; 0 attend, MASK_VALUE not"),
     ]
+    if image_embeds:
+        inputs.append(TensorSpec(IMAGE_EMBEDS, "float32", ("n", hidden), "embeddings of the pass's image tokens"))
     outputs = [TensorSpec(LOGITS, "float32", (1, "s", vocab), "next-token logits per position")]
     for i in range(num_layers):
         inputs.append(TensorSpec(past_key(i), "float32", (1, "past", kv_heads, head_dim), "cached keys"))

@@ -1,8 +1,9 @@
 """The artifact manifest: what an exported decoder folder holds, and the checks before it is trusted.
 
 An artifact folder (``artifacts/<model>/<variant>/``) holds ``manifest.json``, the ONNX decoder
-(with its external-data file), ``tokenizer.json`` and, when the model has one, its Jinja chat
-template (``chat_template.jinja``, rendered by :mod:`specrt.chat`). The manifest records every file's size and
+(with its external-data file), ``tokenizer.json``, when the model has one its Jinja chat
+template (``chat_template.jinja``, rendered by :mod:`specrt.chat`), and for a vision-language model
+its vision encoder (``vision.onnx``). The manifest records every file's size and
 sha256; :func:`read_manifest` refuses a folder whose files do not match.
 """
 
@@ -51,6 +52,23 @@ class ChatTemplateFile:
 
 
 @dataclass(frozen=True)
+class VisionSpec:
+    """A vision-language artifact's image side: the encoder graph, the decoder's image token, and
+    how images become pixel values and prompt text (specrt.vision)."""
+
+    # file name of the vision encoder graph: pixel_values [1, 3, side, side] -> image_embeds [1, seq, hidden]
+    encoder: str
+    image_token_id: int  # the placeholder whose rows are image embeddings (specrt.backend.contract)
+    image_seq_len: int  # decoder rows per frame (seq)
+    preprocess: dict[str, Any]  # specrt.vision.ImagePreprocess.to_dict(): resize, split, normalise
+    prompt: dict[str, Any]  # specrt.vision.ImageTokens.to_dict(): the placeholder text of an image
+
+    def encoder_files(self, files: dict[str, FileEntry]) -> list[str]:
+        """The encoder graph and its external-data file, as ``files`` lists them."""
+        return [name for name in (self.encoder, self.encoder + ".data") if name in files]
+
+
+@dataclass(frozen=True)
 class Manifest:
     name: str  # model name, e.g. "qwen2.5-coder-0.5b-instruct"
     variant: str  # "fp32", "int8", "int4", ...
@@ -67,6 +85,7 @@ class Manifest:
     spec_safe: bool = True  # False: verify windows may disagree with single steps
     attention: str = "portable"  # "specrt": SpecAttention nodes (CPU, specrt's kernel library); see contract
     checks: dict[str, Any] = field(default_factory=dict)  # parity / lossless reports
+    vision: VisionSpec | None = None  # a vision-language model's image side; None: text only
     format: str = FORMAT
 
     def to_json(self) -> str:
@@ -108,9 +127,20 @@ def parse_manifest(raw: dict[str, Any], where: Path) -> Manifest:
             spec_safe=bool(raw.get("spec_safe", True)),
             attention=str(raw.get("attention", "portable")),
             checks=dict(raw.get("checks", {})),
+            vision=_vision(raw["vision"], where) if raw.get("vision") is not None else None,
         )
     except TypeError as e:  # a nested record with unexpected or missing keys
         raise ArtifactError(f"{where}: malformed field ({e})") from None
+
+
+def _vision(raw: Any, where: Path) -> VisionSpec:
+    spec = VisionSpec(**raw) if isinstance(raw, dict) else None
+    if spec is None or not isinstance(spec.encoder, str) or not isinstance(spec.image_token_id, int) \
+            or not isinstance(spec.image_seq_len, int) or not isinstance(spec.preprocess, dict) \
+            or not isinstance(spec.prompt, dict):
+        raise ArtifactError(f"{where}: field 'vision' must be {{\"encoder\": str, \"image_token_id\": int, "
+                            f"\"image_seq_len\": int, \"preprocess\": {{...}}, \"prompt\": {{...}}}}, got {raw!r}")
+    return spec
 
 
 def _template_file(raw: Any, where: Path) -> ChatTemplateFile:
@@ -130,6 +160,8 @@ def verify_files(manifest: Manifest, folder: Path, *, check_hashes: bool = True)
     named = [manifest.decoder, manifest.tokenizer]
     if manifest.chat_template is not None:
         named.append(manifest.chat_template.file)
+    if manifest.vision is not None:
+        named.append(manifest.vision.encoder)
     for name in named:
         if name not in manifest.files:
             raise ArtifactError(f"{folder / MANIFEST_NAME}: 'files' has no entry for {name!r}")

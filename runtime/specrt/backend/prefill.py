@@ -8,6 +8,7 @@ decoders and causal masks, and nothing of drafting.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -15,23 +16,37 @@ from specrt.backend.session import ForwardOutput, OrtDecoder
 from specrt.backend.window import causal_bias
 
 
+@dataclass(frozen=True)
+class PromptImages:
+    """The image rows of a vision-language prompt: its ``token_id`` placeholders take the rows of
+    ``embeds`` in order (specrt.backend.contract)."""
+
+    token_id: int  # the image placeholder token
+    embeds: np.ndarray  # [n, hidden] float32, n = the prompt's count of token_id
+
+
 def prefill(
-    decoder: OrtDecoder, ids: np.ndarray, chunk: int, *, last_logits_only: bool = False
+    decoder: OrtDecoder, ids: np.ndarray, chunk: int, *, last_logits_only: bool = False,
+    images: PromptImages | None = None,
 ) -> Iterator[ForwardOutput]:
     """Cache ``ids`` ([t] int64) after the decoder's past, ``chunk`` positions per pass; yields
     each pass's output (logits [<= chunk, vocab], hidden states [<= chunk, hidden]).
 
     ``last_logits_only``: the passes return no logits ([0, vocab]) but the final one, which
     returns its last row ([1, vocab]): all that the next token needs (on a GPU, all that is copied
-    to the host)."""
+    to the host). ``images``: each pass hands the decoder the rows of the image tokens it holds
+    (``ids`` start at the first placeholder's row)."""
+    used = 0  # image rows of earlier passes
     for start in range(0, len(ids), chunk):
         piece = ids[start : start + chunk]
         past, n = decoder.past, len(piece)
         position_ids, bias = np.arange(past, past + n), causal_bias(past, n)
+        options = {}
+        if images is not None:  # only then: the hf backend's decoders take no image rows
+            count = int(np.count_nonzero(piece == images.token_id))
+            options["image_embeds"], used = images.embeds[used : used + count], used + count
         if last_logits_only:
-            rows = slice(n - 1, n) if start + chunk >= len(ids) else slice(0, 0)
-            out = decoder.forward(piece, position_ids, bias, logits_rows=rows)
-        else:
-            out = decoder.forward(piece, position_ids, bias)
+            options["logits_rows"] = slice(n - 1, n) if start + chunk >= len(ids) else slice(0, 0)
+        out = decoder.forward(piece, position_ids, bias, **options)
         decoder.commit(np.arange(n))
         yield out

@@ -149,6 +149,9 @@ class DecoderSession:
             for pair in ((contract.past_key(i), contract.present_key(i)),
                          (contract.past_value(i), contract.present_value(i)))
         ]
+        # a vision-language decoder: its image tokens take rows of the image_embeds input (see contract)
+        self.image_embeds = any(i.name == contract.IMAGE_EMBEDS for i in self.session.get_inputs())
+        self._no_rows = np.zeros((0, dims.hidden), np.float32)  # image_embeds of a pass without image rows
         self._check_io()
 
     def decoder(self) -> OrtDecoder:
@@ -165,7 +168,8 @@ class DecoderSession:
 
     def _check_io(self) -> None:
         inputs, outputs = contract.io_table(
-            self.dims.num_layers, self.dims.kv_heads, self.dims.head_dim, self.dims.hidden, self.dims.vocab
+            self.dims.num_layers, self.dims.kv_heads, self.dims.head_dim, self.dims.hidden, self.dims.vocab,
+            image_embeds=self.image_embeds,
         )
         have_in = {i.name for i in self.session.get_inputs()}
         have_out = {o.name for o in self.session.get_outputs()}
@@ -224,6 +228,7 @@ class OrtDecoder:
         attention_bias: np.ndarray,
         *,
         logits_rows: slice | None = None,
+        image_embeds: np.ndarray | None = None,
     ) -> ForwardOutput:
         """Run ``s`` new positions against the cache. Their K/V land in slots ``past .. past+s-1``
         but stay uncommitted until :meth:`commit`.
@@ -231,6 +236,8 @@ class OrtDecoder:
         input_ids, position_ids: [s] int64; attention_bias: [s, past + s] float32.
         logits_rows: the window rows whose logits come back (``slice(s - 1, s)``: the last one);
         None: all ``s``. With a device cache the other rows never leave the device.
+        image_embeds: [n, hidden] float32, the embeddings of the pass's first n image tokens (a
+        vision-language decoder's prefill; specrt.backend.contract); None: none.
         """
         s, past = len(input_ids), self.past
         if past + s > self.capacity:
@@ -241,6 +248,14 @@ class OrtDecoder:
         binding.host_input(contract.INPUT_IDS, np.ascontiguousarray(input_ids, np.int64)[None])
         binding.host_input(contract.POSITION_IDS, np.ascontiguousarray(position_ids, np.int64)[None])
         binding.host_input(contract.ATTENTION_BIAS, np.ascontiguousarray(attention_bias, np.float32)[None, None])
+        if self.graph.image_embeds:
+            rows = self.graph._no_rows if image_embeds is None else np.ascontiguousarray(image_embeds, np.float32)
+            if rows.ndim != 2 or rows.shape[1] != self.dims.hidden:
+                raise ValueError(f"image_embeds has shape {rows.shape}, expected [n, {self.dims.hidden}]")
+            binding.host_input(contract.IMAGE_EMBEDS, rows)
+        elif image_embeds is not None and len(image_embeds):
+            raise InvalidRequestError(f"{self.graph.path}: the decoder takes no image embeddings (not a "
+                                      "vision-language artifact)")
         store, device = self.store, self.store.device
         past_shape = [1, past, self.dims.kv_heads, self.dims.head_dim]
         new_shape = [1, s, self.dims.kv_heads, self.dims.head_dim]

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from specrt.backend.blas import BlasGuard
-from specrt.backend.prefill import prefill
+from specrt.backend.prefill import PromptImages, prefill
 from specrt.backend.session import OrtDecoder
 from specrt.backend.window import fit_window, flatten
 from specrt.backoff import Backoff
@@ -169,8 +169,10 @@ class SpeculativeLoop:
         blas: BlasGuard | None = None,  # drafter calls on one BLAS thread (specrt.backend.blas); None: as they are
         cancel: CancelToken | None = None,  # checked before each prefill pass and verify step (specrt.cancel)
         acceptance: str = "sd",  # the accept rule of drafts sampled from a q (the method's registry entry)
+        images: PromptImages | None = None,  # a vision-language prompt's image rows (specrt.backend.prefill)
     ):
         self.cancel = cancel
+        self.images = images
         self.decoder = decoder
         self.prefix_cache = prefix_cache
         self.blas = blas
@@ -234,8 +236,10 @@ class SpeculativeLoop:
 
     def _prefill(self, prompt: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Cache ``prompt`` ([t] int64), starting from what the prefix cache holds of it; the logits
-        of its last position ([vocab]) and its hidden states ([t, hidden])."""
-        chunk, cache = self.config.prefill_chunk, self.prefix_cache
+        of its last position ([vocab]) and its hidden states ([t, hidden]). A prompt with images
+        bypasses the prefix cache: its placeholder ids do not say which image they stand for."""
+        chunk = self.config.prefill_chunk
+        cache = self.prefix_cache if self.images is None else None
         hit = cache.lookup(prompt, chunk) if cache is not None else None
         hidden: list[np.ndarray] = []
         if hit is not None:
@@ -244,7 +248,7 @@ class SpeculativeLoop:
             if hit.whole:
                 return hit.entry.last_logits, hit.entry.hidden
             hidden.append(hit.entry.hidden[: hit.rows])
-        for out in prefill(self.decoder, prompt[self.decoder.past :], chunk, last_logits_only=True):
+        for out in prefill(self.decoder, prompt[self.decoder.past :], chunk, last_logits_only=True, images=self.images):
             hidden.append(out.hidden_states)
             if self.decoder.past < len(prompt) and self._stopped():
                 raise _Stopped
