@@ -215,3 +215,20 @@ def test_copied_drafts_get_accepted_after_an_image(model, image, method):
     """The comparisons above are not vacuous: the memorised model repeats its prompt's text."""
     spec = model.generate(PROMPT, images=[image], method=method, max_new_tokens=NEW, backoff=False)
     assert spec.stats["accepted"] >= 5
+
+
+def test_the_cli_takes_images(exported, model, image, baseline, tmp_path, capsys):
+    from PIL import Image
+
+    from specrt.cli import main
+
+    png = tmp_path / "picture.png"
+    Image.fromarray(image).save(png)
+    args = ["generate", "--model", str(exported[0]), "--image", str(png), "--method", "pld",
+            "--max-new-tokens", str(NEW), "--json", PROMPT]
+    assert main(args) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert tuple(result["token_ids"]) == baseline.token_ids  # PNG is lossless: the same pixels as the array
+    (tmp_path / "notes.txt").write_text("not an image")
+    assert main(["generate", "--model", str(exported[0]), "--image", str(tmp_path / "notes.txt"), PROMPT]) == 2
+    assert "notes.txt" in capsys.readouterr().err

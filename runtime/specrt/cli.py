@@ -2,6 +2,7 @@
 lossless with this artifact here? ``specrt serve``: an OpenAI-compatible HTTP server.
 
     specrt generate --model artifacts/qwen2.5-coder-0.5b-instruct/fp32 --method pld "def add(a, b):"
+    specrt generate --model artifacts/vlm/fp32 --image cat.png --chat "What is in this picture?"
     specrt check --model artifacts/qwen2.5-coder-0.5b-instruct/int4 [--provider cuda]
     specrt serve --model artifacts/qwen2.5-coder-0.5b-instruct/int4 --port 8000
 
@@ -69,6 +70,9 @@ def _parser() -> argparse.ArgumentParser:
     gen.add_argument("--draft", default=None, help="draft model artifact folder, for --method sd, hsd, hsd_capped "
                      "or auto (same tokenizer as --model)")
     _backend_options(gen)
+    gen.add_argument("--image", dest="images", action="append", type=Path, default=[], metavar="PATH",
+                     help="an image for a vision-language artifact (repeat for several): it takes the place of the "
+                     "prompt's n-th <image>, or goes before the prompt when it names none")
     gen.add_argument("--stream", action="store_true", help="print text as it is accepted")
     gen.add_argument("--json", action="store_true", help="print the result and stats as one JSON object")
     check = sub.add_parser("check", help="whether speculation is lossless with this artifact on this machine")
@@ -185,12 +189,17 @@ def _generate(args: argparse.Namespace) -> None:
     datastore = _datastore(args.model, args.datastore)
     model = load(args.model, provider=args.provider, threads=args.threads, datastore=datastore, draft=args.draft,
                  check_hashes=args.check_hashes, backend=args.backend, device=args.device)
-    prompt_ids = model.encode_chat(chat_messages) if chat_messages else model.encode(prompt, chat=args.chat)
     options = dict(
         max_new_tokens=args.max_new_tokens, method=args.method, tree=args.tree, temperature=args.temperature,
         top_k=args.top_k, top_p=args.top_p, seed=args.seed, draft_budget=args.draft_budget,
         backoff=args.backoff,
     )
+    if args.images:
+        if chat_messages or prompt is None:
+            raise InvalidRequestError("--image goes with a prompt (and --chat), not with --system or --messages")
+        prompt_ids, options["images"] = model.encode_images(prompt, args.images, chat=args.chat)
+    else:
+        prompt_ids = model.encode_chat(chat_messages) if chat_messages else model.encode(prompt, chat=args.chat)
     if args.stream and not args.json:
         loop, chunks = model.stream_ids(prompt_ids, **options)
         text = TextStream(model.tokenizer)
