@@ -6,6 +6,10 @@
 Writes ``decoder.onnx`` (+ ``decoder.onnx.data``), ``tokenizer.json`` and ``manifest.json`` into
 ``--out``; fails (exit 1) if the ONNX logits differ from torch's beyond the tolerance, on a prompt
 longer than any sliding window, for a chain and for a tree verify window.
+
+A SmolVLM / Idefics3 folder (pipeline/vlm/dvc.yaml) gives a vision-language artifact: its text decoder
+with the contract's image_embeds input, its vision encoder as ``vision.onnx``, the processor's settings
+in the manifest, and a parity check on an image prompt too (pipeline.lib.vision_graph).
 """
 
 from __future__ import annotations
@@ -288,9 +292,16 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--parity-tokens {args.parity_tokens}: expected at least 2 tokens")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     all_params = yaml.safe_load(args.params.read_text())
-    if args.name not in all_params.get("catalog", {}):
-        parser.error(f"--name {args.name!r} is not a key of {args.params}'s catalog")
-    stop_tokens = tuple(all_params["catalog"][args.name].get("stop_tokens", ()))
+    catalog, vlm = all_params.get("catalog", {}), all_params.get("vlm") or {}
+    if args.name in catalog:
+        stop_tokens = tuple(catalog[args.name].get("stop_tokens", ()))
+    elif args.name == vlm.get("name"):
+        stop_tokens = tuple(vlm.get("stop_tokens", ()))
+    else:
+        parser.error(f"--name {args.name!r} is not a key of {args.params}'s catalog, nor its vlm.name")
+    if not (args.hf / "config.json").is_file():
+        parser.error(f"--hf {args.hf}: not a Hugging Face folder (no config.json); for the vision-language path, "
+                     f"set vlm.hf in {args.params} to a local SmolVLM / Idefics3 folder")
     gate = stage_params(args.params, args.gate_section)
     try:
         report = run(args.hf, args.out, args.name, args.parity_text, all_params["export"], stop_tokens, gate,

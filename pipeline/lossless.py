@@ -6,7 +6,8 @@
 The regression stage: runs ``baseline`` and every other registered method (the retrieval ones
 when ``--datastore`` is given), chain and tree, greedy, on a few Spec-Bench prompts per task
 (first turns, in the model's chat template when it has one) on one artifact variant (fp32, int8,
-int4, ...). The report gives per method the token match, the first divergence and the mean
+int4, ...); on a vision-language artifact, each of those questions also after an image (the export's
+check image, pipeline.lib.check_image). The report gives per method the token match, the first divergence and the mean
 tokens per verify step. Exit 1 if a variant whose manifest says ``spec_safe: true`` diverges
 (a variant the spec-safety gate flagged is reported, not failed: its divergences are expected).
 """
@@ -24,10 +25,12 @@ from typing import Any
 import numpy as np
 
 import specrt
+from specrt.backend.prefill import PromptImages
 from specrt.drafters import NEEDS_DATASTORE, NEEDS_DRAFT
 from specrt.model import SpecModel
 
 from .lib.atomic import write_text_atomic
+from .lib.check_image import check_image
 from .lib.measure import PREFIX_CACHE_MB
 from .lib.params import stage_params
 from .lib.specbench import first_per_task, read_questions
@@ -48,13 +51,16 @@ def first_divergence(a: np.ndarray, b: np.ndarray) -> int | None:
 
 
 def compare_methods(
-    model: SpecModel, prompts: list[np.ndarray], methods: list[str], *, max_new_tokens: int, draft_budget: int
+    model: SpecModel, prompts: list[np.ndarray], methods: list[str], *, max_new_tokens: int, draft_budget: int,
+    images: list[PromptImages | None] | None = None,
 ) -> dict[str, Any]:
     """Greedy output of every method (chain and tree) vs baseline on token-id prompts, with the
-    decode speed of each (same process, side by side: speedup = method tok/s / baseline tok/s)."""
+    decode speed of each (same process, side by side: speedup = method tok/s / baseline tok/s).
+    ``images``: per prompt, the rows of its image tokens (a vision-language artifact) or None."""
+    images = images or [None] * len(prompts)
     reference, base_tokens, base_s = [], 0, 0.0
-    for p in prompts:
-        ids, loop = model.generate_ids(p, method="baseline", max_new_tokens=max_new_tokens)
+    for p, rows in zip(prompts, images, strict=True):
+        ids, loop = model.generate_ids(p, method="baseline", max_new_tokens=max_new_tokens, images=rows)
         reference.append(ids)
         base_tokens += loop.stats.decode_tokens
         base_s += loop.stats.decode_s
@@ -66,11 +72,11 @@ def compare_methods(
             matched = total = steps = emitted = 0
             seconds = 0.0
             divergences = []
-            for i, (prompt, ref) in enumerate(zip(prompts, reference, strict=True)):
+            for i, (prompt, ref, rows) in enumerate(zip(prompts, reference, images, strict=True)):
                 # backoff=False: verify every draft the method proposes (a held draft checks nothing)
                 ids, loop = model.generate_ids(
                     prompt, method=method, tree=tree, max_new_tokens=max_new_tokens, draft_budget=draft_budget,
-                    backoff=False,
+                    backoff=False, images=rows,
                 )
                 at = first_divergence(ids, ref)
                 matched += len(ref) if at is None else at
@@ -106,14 +112,23 @@ def run(
     questions = first_per_task(read_questions(questions_path), params["prompts_per_task"])
     chat = model.manifest.chat is not None
     prompts = [model.encode(q.turns[0], chat=chat)[: params["max_prompt_tokens"]] for q in questions]
+    images: list[PromptImages | None] = [None] * len(prompts)
+    if model.manifest.vision is not None:  # a vision-language artifact: the same questions about an image too
+        for q in questions:  # the question cut to max_prompt_tokens as text: the image tokens stay whole
+            text = model.tokenizer.decode(model.encode(q.turns[0]).tolist()[: params["max_prompt_tokens"]])
+            ids, rows = model.encode_images(text, [check_image()], chat=chat)
+            prompts.append(ids)
+            images.append(rows)
     methods = [m for m in sorted(specrt.METHODS) if m != "baseline" and (datastore or m not in NEEDS_DATASTORE)
                and (draft or m not in NEEDS_DRAFT)]
     t0 = time.perf_counter()
     report = compare_methods(
-        model, prompts, methods, max_new_tokens=params["max_new_tokens"], draft_budget=params["draft_budget"]
+        model, prompts, methods, max_new_tokens=params["max_new_tokens"], draft_budget=params["draft_budget"],
+        images=images,
     )
     report.update(model=model.manifest.name, variant=model.manifest.variant, chat=chat,
-                  spec_safe=model.manifest.spec_safe, seconds=round(time.perf_counter() - t0, 1))
+                  spec_safe=model.manifest.spec_safe, seconds=round(time.perf_counter() - t0, 1),
+                  image_prompts=sum(rows is not None for rows in images))
     return report
 
 

@@ -11,15 +11,15 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 SPECBENCH = "../shared/data/specbench/question.jsonl"
-DVC_FILES = ("dvc.yaml", "pipeline/full/dvc.yaml")
+DVC_FILES = ("dvc.yaml", "pipeline/full/dvc.yaml", "pipeline/vlm/dvc.yaml")
 PACKAGES = {"pipeline": REPO / "pipeline", "specrt": REPO / "runtime" / "specrt"}  # the repository's own code
 KERNELS = "runtime/kernels"  # the C++ sources of the library specrt.backend.kernels loads
 
 
 def _stages() -> dict[str, dict]:
     """Every stage of both DVC files by ``file:name`` (foreach/matrix templates as written: their
-    ``do`` body), its paths relative to the repository root (every stage of the full file runs
-    with ``wdir: ../..``)."""
+    ``do`` body), its paths relative to the repository root (every stage of the full and vlm files
+    runs with ``wdir: ../..``)."""
     stages = {}
     for file in DVC_FILES:
         for name, stage in yaml.safe_load((REPO / file).read_text())["stages"].items():

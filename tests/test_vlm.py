@@ -18,6 +18,7 @@ pytest.importorskip("PIL")
 import specrt  # noqa: E402
 from pipeline.export import VISION_FILE  # noqa: E402
 from pipeline.export import run as export_run  # noqa: E402
+from pipeline.lib.check_image import check_image as make_image  # noqa: E402
 from pipeline.lib.quantize_graph import QuantConfig  # noqa: E402
 from pipeline.lib.vision_graph import text_decoder_of  # noqa: E402
 from pipeline.quantize import quantize_artifact  # noqa: E402
@@ -28,7 +29,6 @@ from specrt.drafters.indexes.datastore import write_datastore  # noqa: E402
 from specrt.errors import InvalidRequestError  # noqa: E402
 from specrt.files import sha256_file  # noqa: E402
 from tests.helpers import PROMPTS, TRAINING_TEXT, committed_artifact, specbench_questions  # noqa: E402
-from tests.tiny_vlm import test_image as make_image  # noqa: E402
 from tests.tiny_vlm import tiny_vlm_folder  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -232,3 +232,13 @@ def test_the_cli_takes_images(exported, model, image, baseline, tmp_path, capsys
     (tmp_path / "notes.txt").write_text("not an image")
     assert main(["generate", "--model", str(exported[0]), "--image", str(tmp_path / "notes.txt"), PROMPT]) == 2
     assert "notes.txt" in capsys.readouterr().err
+
+
+def test_the_lossless_stage_checks_image_prompts(exported, tmp_path):
+    from pipeline.lossless import run as lossless_run
+
+    questions = specbench_questions(tmp_path / "question.jsonl")
+    params = dict(prompts_per_task=1, max_prompt_tokens=24, max_new_tokens=12, draft_budget=8, threads=None)
+    report = lossless_run(exported[0], questions, params, datastore=None)
+    assert report["image_prompts"] == 6 and report["prompts"] == 12  # each question also after the check image
+    assert report["lossless"] and all(r["token_match"] == 1.0 for r in report["runs"].values())

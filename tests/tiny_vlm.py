@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
 import torch
 from tokenizers import Tokenizer
 from transformers import Idefics3Config, Idefics3ForConditionalGeneration, LlamaConfig, PreTrainedTokenizerFast
@@ -58,10 +57,3 @@ def tiny_vlm_folder(out: Path, seed: int = 0) -> Path:
     processor.save_pretrained(out)
     return out
 
-
-def test_image(height: int = 70, width: int = 50, seed: int = 0) -> np.ndarray:
-    """[height, width, 3] uint8: a gradient with noise (its tiles differ from each other)."""
-    rng = np.random.default_rng(seed)
-    y, x = np.mgrid[0:height, 0:width]
-    image = np.stack([255 * y / height, 255 * x / width, 128 + 0 * x], -1) + rng.normal(0, 20, (height, width, 3))
-    return np.clip(image, 0, 255).astype(np.uint8)

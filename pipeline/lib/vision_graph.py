@@ -30,6 +30,7 @@ from specrt.backend.session import OrtDecoder
 from specrt.vision.encoder import VisionEncoder
 from specrt.vision.preprocess import ImagePreprocess, ImageTokens, expand_prompt, load_image, prepare_image
 
+from .check_image import check_image
 from .parity import compare_logits
 
 log = logging.getLogger(__name__)
@@ -55,15 +56,6 @@ def load_vlm(hf_dir: Path) -> PreTrainedModel:
     from transformers import AutoModelForImageTextToText
 
     return AutoModelForImageTextToText.from_pretrained(hf_dir, dtype=torch.float32).eval()
-
-
-def check_image(height: int = 240, width: int = 180) -> np.ndarray:
-    """[height, width, 3] uint8: the export's check image, a deterministic gradient with noise (its
-    tiles differ from each other, so a frame order mistake shows)."""
-    rng = np.random.default_rng(0)
-    y, x = np.mgrid[0:height, 0:width]
-    image = np.stack([255 * y / height, 255 * x / width, 128 + 0 * x], -1) + rng.normal(0, 20, (height, width, 3))
-    return np.clip(image, 0, 255).astype(np.uint8)
 
 
 def vision_source(vlm: PreTrainedModel, hf_dir: Path, encode: Any, prompt: str) -> VisionSource:
