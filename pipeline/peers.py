@@ -299,8 +299,9 @@ def run(
 
     Every model runs in its own worker process (:mod:`pipeline.lib.peer_worker`); the generations are
     interleaved prompt by prompt over ``rounds`` rounds (:func:`interleave`), the transformers runs
-    in the first round only and on the first ``transformers_prompts`` prompts (None: all): they are
-    ~7x slower than every ONNX peer and decide no goal.
+    (its ``generate``, plain and with prompt lookup, and specrt's engine on the same torch model,
+    backend "hf", plain and the model-free ``methods``) in the first round only and on the first
+    ``transformers_prompts`` prompts (None: all): they are ~7x slower than every ONNX peer.
 
     ``llama_cpp``: the folder of the ``llama_cpp`` stage (:mod:`pipeline.llama_build`); with it,
     llama.cpp runs ``gguf`` (a file, or the weights stage's folder holding one) plain and with its
@@ -391,6 +392,11 @@ def run(
         if hf:
             runs += [PeerRun(f"hf/fp32/{'prompt_lookup' if o['prompt_lookup'] else 'plain'}", "hf", o, rounds=1,
                              prompts=transformers_prompts) for o in hf_options]
+            # specrt's verifier on the same torch model (backend "hf"): plain decoding and the methods
+            workers["specrt_hf"] = stack.enter_context(
+                PeerWorker("specrt_hf", config("specrt_hf", hf_dir, [{"method": "baseline"}])))
+            runs += [PeerRun(f"specrt-hf/fp32/{m}", "specrt_hf", {"method": m}, rounds=1, prompts=transformers_prompts)
+                     for m in ("baseline", *(m for m in methods if m != "baseline" and m not in NEEDS_DATASTORE))]
         results: dict[str, list[list[Any]]] = {r.name: [[] for _ in range(rounds)] for r in runs}
         seen_by_specrt: set[tuple[int, int]] = set()  # (round, prompt)
         for r, i, peer_run in interleave(runs, len(prompts), rounds):

@@ -369,7 +369,12 @@ def test_run_loads_a_gguf_checkpoint_once_and_not_at_all_when_builds_are_reused(
 
     first = peers.run(tmp_path / "hf", questions, tmp_path / "builds", **options)
     assert len(loads) == 1 and first["builds"]["fp32"]["reused"] is False
-    assert [r["name"] for r in first["runs"]] == ["ort-genai/fp32/plain", "ort-genai/fp32/ngram", "hf/fp32/plain"]
+    assert [r["name"] for r in first["runs"]] == ["ort-genai/fp32/plain", "ort-genai/fp32/ngram", "hf/fp32/plain",
+                                                  "specrt-hf/fp32/baseline", "specrt-hf/fp32/pld"]
+    by_name = {r["name"]: r for r in first["runs"]}
+    # specrt's verifier on transformers' model: plain decoding equal to transformers' own, pld to both
+    assert by_name["specrt-hf/fp32/baseline"]["ids"] == by_name["hf/fp32/plain"]["ids"]
+    assert by_name["specrt-hf/fp32/pld"]["ids"] == by_name["hf/fp32/plain"]["ids"]
     again = peers.run(tmp_path / "hf", questions, tmp_path / "builds", **options, hf=False)
     assert len(loads) == 1 and again["builds"]["fp32"]["reused"] is True  # nothing to build, no transformers run
     assert again["runs"][0]["ids"] == first["runs"][0]["ids"]

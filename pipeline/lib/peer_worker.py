@@ -31,7 +31,7 @@ from typing import Any, TextIO
 
 import numpy as np
 
-KINDS = ("specrt", "genai", "hf", "llama_cpp")
+KINDS = ("specrt", "specrt_hf", "genai", "hf", "llama_cpp")
 # (prompt ids [t] int64, max_new_tokens, run options) -> (new ids [k], prefill_s, decode_s, first_tokens, stats)
 Generate = Callable[[np.ndarray, int, dict[str, Any]], tuple[np.ndarray, float, float, int, dict[str, Any]]]
 
@@ -39,7 +39,8 @@ Generate = Callable[[np.ndarray, int, dict[str, Any]], tuple[np.ndarray, float, 
 @dataclass(frozen=True)
 class WorkerConfig:
     kind: str  # one of KINDS
-    path: str  # specrt artifact folder, genai model folder, HF checkpoint folder, or GGUF file (llama_cpp)
+    # specrt artifact folder, genai model folder, HF checkpoint folder (hf, specrt_hf), or GGUF file (llama_cpp)
+    path: str
     threads: int | None
     eos_token_ids: tuple[int, ...]
     warmup_prompt: tuple[int, ...]  # generated untimed (warmup_tokens new tokens) once per options entry
@@ -79,6 +80,26 @@ def _specrt_loader(config: WorkerConfig) -> Generate:
         stats = loop.stats
         return ids, stats.prefill_s, stats.decode_s, 1, {"steps": stats.steps, "accepted": stats.accepted,
                                                          "cached_prompt_tokens": stats.cached_prompt_tokens}
+
+    return generate
+
+
+def _specrt_hf_loader(config: WorkerConfig) -> Generate:
+    """specrt's engine and drafters on the transformers backend (``load(backend="hf")``): the same
+    torch model as the ``hf`` peer, so the two compare verifiers, not kernels."""
+    import torch
+
+    import specrt
+
+    if config.threads is not None:
+        torch.set_num_threads(config.threads)
+    model = specrt.load(config.path, backend="hf")
+
+    def generate(prompt: np.ndarray, n: int, options: dict[str, Any]) -> tuple[np.ndarray, float, float, int, dict]:
+        model.forget_history()  # no method learns from another prompt
+        ids, loop = model.generate_ids(prompt, method=options.get("method", "baseline"), max_new_tokens=n)
+        stats = loop.stats
+        return ids, stats.prefill_s, stats.decode_s, 1, {"steps": stats.steps, "accepted": stats.accepted}
 
     return generate
 
@@ -134,7 +155,8 @@ def _llama_cpp_loader(config: WorkerConfig) -> Generate:
 
 
 LOADERS: dict[str, Callable[[WorkerConfig], Generate]] = {
-    "specrt": _specrt_loader, "genai": _genai_loader, "hf": _hf_loader, "llama_cpp": _llama_cpp_loader,
+    "specrt": _specrt_loader, "specrt_hf": _specrt_hf_loader, "genai": _genai_loader, "hf": _hf_loader,
+    "llama_cpp": _llama_cpp_loader,
 }
 
 
