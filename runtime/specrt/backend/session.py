@@ -151,7 +151,7 @@ class DecoderSession:
         ]
         # a vision-language decoder: its image tokens take rows of the image_embeds input (see contract)
         self.image_embeds = any(i.name == contract.IMAGE_EMBEDS for i in self.session.get_inputs())
-        self._no_rows = np.zeros((0, dims.hidden), np.float32)  # image_embeds of a pass without image rows
+        self.no_image_rows = np.zeros((0, dims.hidden), np.float32)  # image_embeds of a pass without image rows
         self._check_io()
 
     def decoder(self) -> OrtDecoder:
@@ -249,7 +249,7 @@ class OrtDecoder:
         binding.host_input(contract.POSITION_IDS, np.ascontiguousarray(position_ids, np.int64)[None])
         binding.host_input(contract.ATTENTION_BIAS, np.ascontiguousarray(attention_bias, np.float32)[None, None])
         if self.graph.image_embeds:
-            rows = self.graph._no_rows if image_embeds is None else np.ascontiguousarray(image_embeds, np.float32)
+            rows = self.graph.no_image_rows if image_embeds is None else np.ascontiguousarray(image_embeds, np.float32)
             if rows.ndim != 2 or rows.shape[1] != self.dims.hidden:
                 raise ValueError(f"image_embeds has shape {rows.shape}, expected [n, {self.dims.hidden}]")
             binding.host_input(contract.IMAGE_EMBEDS, rows)
