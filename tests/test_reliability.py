@@ -305,7 +305,7 @@ def hf_parts(tmp_path_factory):
 
 
 def interrupted_export(model, out: Path, monkeypatch) -> None:
-    def export_onnx(torch_model, dims, path, opset, attention):
+    def export_onnx(torch_model, dims, path, opset, attention, image_token_id=None):
         path.write_bytes(b"half a graph")
         raise KeyboardInterrupt  # as if killed mid-write
 
