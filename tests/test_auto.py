@@ -16,7 +16,7 @@ from specrt.backend.session import OrtDecoder
 from specrt.backoff import Backoff
 from specrt.cost import VerifyCostModel
 from specrt.drafters import DrafterEnv, Feedback
-from specrt.drafters.auto import PROBE_EVERY, PROBE_SHARE, Auto, AutoConfig, Member, make
+from specrt.drafters.auto import PROBE_EVERY, PROBE_SHARE, Auto, AutoConfig, MeasuredCost, Member, make
 from specrt.drafters.pld import PromptLookup
 from specrt.drafters.suffix_decoding import SuffixDecoding
 from specrt.errors import InvalidRequestError
@@ -194,6 +194,30 @@ def test_seeded_sampling_decides_from_counts_and_keeps_no_estimate():
                              sampling=SamplingParams(temperature=1.0), seed=7))
     assert not seeded.config.timed and isinstance(seeded.cost, VerifyCostModel)
     assert "suffix_decoding" in state["auto/members"] and "suffix_decoding" not in state  # apart from the method's
+
+
+def test_a_step_reads_each_measured_cost_once_and_a_request_reads_its_own():
+    reads: Counter = Counter()
+
+    def measured(s: int) -> float:  # the engine's estimate: 10 ms a step, 1 ms per extra position
+        reads[s] += 1
+        return 0.010 + 0.001 * (s - 1)
+
+    def run(cost) -> Traced:
+        members = [Member("pld", PromptLookup(), Backoff(cost)), Member("oracle", Knows(OUTPUT, 20, 60), Backoff(cost))]
+        auto = Traced(members, cost, AutoConfig(timed=False))
+        simulate(auto, PROMPT, OUTPUT, budget=8)
+        return auto
+
+    memo = run(MeasuredCost(measured))
+    assert max(reads.values()) <= memo.step  # once a step at most, per window size
+    unmemoized = run(costs({s: measured(s) for s in range(1, 10)}))  # the same figures, read every time
+    assert memo.trace == unmemoized.trace and "oracle" in [choice for _, choice in memo.trace]
+    # a request's members start from the last request's estimates, and read this request's cost
+    state: dict = {}
+    make(DrafterEnv(vocab=100, tree=False, state=state, verify_cost=lambda s: 0.01 * s))
+    second = make(DrafterEnv(vocab=100, tree=False, state=state, verify_cost=measured))
+    assert all(m.estimate.cost is second.cost for m in second.members) and second.cost.measured is measured
 
 
 # ---------------------------------------------------------------------------------------------

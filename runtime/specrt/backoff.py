@@ -69,9 +69,10 @@ class Backoff:
         self.held_back = 0  # proposals cut to nothing (a plain step ran)
         self._pending: list[_Pending] = []
 
-    def carried_over(self) -> Backoff:
-        """A fresh controller for the next request that starts from this one's estimate (same cost model)."""
-        nxt = Backoff(self.cost, self.decay, len(self.reach) - 1)
+    def carried_over(self, cost: VerifyCostModel | None = None) -> Backoff:
+        """A fresh controller for the next request that starts from this one's estimate, on ``cost``
+        (None: the same cost model)."""
+        nxt = Backoff(self.cost if cost is None else cost, self.decay, len(self.reach) - 1)
         nxt.reach, nxt.seen = self.reach.copy(), self.seen.copy()
         return nxt
 
@@ -113,8 +114,9 @@ class Backoff:
         depths = tree.depths()
         deepest = min(int(depths.max()), len(self.reach) - 1)
         sizes = np.bincount(depths, minlength=deepest + 1)[: deepest + 1].cumsum()  # nodes at depth <= k
+        accepted = self.reach[1 : deepest + 1].cumsum()  # [deepest] E[min(m, k)] for k = 1 .. deepest
         for k in range(1, deepest + 1):
-            rate = (1.0 + self.expected_accepted(k)) / (self.cost_ratio(int(sizes[k]) + 1) + drafting)
+            rate = (1.0 + float(accepted[k - 1])) / (self.cost_ratio(int(sizes[k]) + 1) + drafting)
             if rate > best_rate:
                 best, best_rate = k, rate
         return best, best_rate

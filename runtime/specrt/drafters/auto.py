@@ -84,11 +84,24 @@ class AutoConfig:
             raise InvalidRequestError(f"draft_token_cost must be >= 0, got {self.draft_token_cost!r}")
 
 
-@dataclass(frozen=True)
 class MeasuredCost:
-    """The engine's measured verify cost (``DrafterEnv.verify_cost``) where a Backoff wants a cost model."""
+    """The engine's measured verify cost (``DrafterEnv.verify_cost``) where a Backoff wants a cost
+    model, read once per window size per step: a step weighs every member at every depth (~80
+    lookups at budget 8 with three members), and the engine's estimate takes a lock each time."""
 
-    estimate: Callable[[int], float]  # seconds of one verify pass over s positions; 0.0: not measured yet
+    def __init__(self, measured: Callable[[int], float]):
+        self.measured = measured  # seconds of one verify pass over s positions; 0.0: not measured yet
+        self._step: dict[int, float] = {}  # window size -> seconds, this step
+
+    def estimate(self, s: int) -> float:
+        seconds = self._step.get(s)
+        if seconds is None:
+            seconds = self._step[s] = self.measured(s)
+        return seconds
+
+    def new_step(self) -> None:
+        """Forget this step's readings: the engine has recorded a pass since."""
+        self._step.clear()
 
 
 class Member:
@@ -140,9 +153,10 @@ class Auto:
         k <= ``budget`` from ``member`` is expected to reach, in tokens per single step (a plain
         step: 1.0; 0.0 when no depth is possible)."""
         estimate = member.estimate
+        accepted = estimate.reach[1 : budget + 1].cumsum()  # [k] E[min(m, k)] for k = 1 .. budget
         best = 0.0
-        for k in range(1, min(budget, len(estimate.reach) - 1) + 1):
-            gain = 1.0 + estimate.expected_accepted(k)
+        for k in range(1, len(accepted) + 1):
+            gain = 1.0 + float(accepted[k - 1])
             best = max(best, gain / (estimate.cost_ratio(k + 1) + self.drafting_cost(member, k)))
         return best
 
@@ -162,6 +176,8 @@ class Auto:
 
     def propose(self, context: np.ndarray, budget: int) -> DraftTree:
         self.step += 1
+        if isinstance(self.cost, MeasuredCost):
+            self.cost.new_step()
         self._context = np.asarray(context, np.int64)
         self.last_choice = None
         offers: list[tuple[Member, DraftTree]] = []
@@ -243,7 +259,7 @@ def make(env: DrafterEnv) -> Auto:
             token_cost, catch_up_cost = config.draft_token_cost, DRAFT_CATCH_UP_COST
         else:
             drafter, token_cost, catch_up_cost = METHODS[name].make(member_env), 0.0, 0.0
-        estimate = kept[name].carried_over() if name in kept else Backoff(cost)
+        estimate = kept[name].carried_over(cost) if name in kept else Backoff(cost)
         kept[name] = estimate  # the next request of this model starts from it (timed mode)
         members.append(Member(name, drafter, estimate, token_cost, catch_up_cost))
     return Auto(members, cost, config)
