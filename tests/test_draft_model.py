@@ -29,10 +29,13 @@ from specrt.backend.session import OrtDecoder
 from specrt.drafters import Method
 from specrt.drafters.base import DrafterEnv, Feedback
 from specrt.drafters.draft_model import (
+    DRAFT_TOKEN_COST,
+    GAMMA,
     PROBE_EVERY,
     DraftModelDrafter,
     best_gamma,
     check_vocab_compatible,
+    counted_verify_cost,
     expected_tokens,
     make_hsd,
     make_hsd_capped,
@@ -63,7 +66,8 @@ class Pair:
         return OrtDraftModel(OrtDecoder(self.draft_folder / manifest.decoder, manifest.dims))
 
     def drafter(self, acceptance: str = "sd", *, tree: bool = False, sampling=None, seed=None, **options):
-        env = dataclasses.replace(self.target.drafter_env(tree), sampling=sampling, seed=seed)
+        # a state of its own: adaptive gamma's estimate does not carry from one test to the next
+        env = dataclasses.replace(self.target.drafter_env(tree), sampling=sampling, seed=seed, state={})
         return DraftModelDrafter(self.draft, env, acceptance=acceptance, **options)
 
 
@@ -244,8 +248,8 @@ def test_best_gamma_trades_acceptance_against_cost():
 def test_adaptive_gamma_uses_measured_costs(pair):
     drafter = pair.drafter(gamma=2, adaptive=True)
     pair.target.generate(PROMPTS[0], method=drafter, max_new_tokens=30)
-    assert drafter.draft_step_s is not None and drafter.draft_step_s > 0
-    expected = best_gamma(drafter.alpha, drafter.draft_step_s, pair.target.verify_cost.estimate, 8)
+    assert drafter.estimate.draft_step_s is not None and drafter.estimate.draft_step_s > 0
+    expected = best_gamma(drafter.alpha, drafter.estimate.draft_step_s, pair.target.verify_cost.estimate, 8)
     if expected == 0:  # the measured costs say back off (a loaded machine): the next probe is not due yet
         drafter.plain_steps = 0
     assert drafter.choose_gamma(8) == expected
@@ -253,11 +257,47 @@ def test_adaptive_gamma_uses_measured_costs(pair):
 
 def test_adaptive_gamma_backs_off_to_plain_steps_and_probes(pair):
     drafter = pair.drafter(gamma=2, adaptive=True)
-    drafter.draft_step_s, drafter.verify_cost = 10.0, lambda s: 1.0  # a draft step costs 10 verify passes
+    drafter.estimate.draft_step_s, drafter.verify_cost = 10.0, lambda s: 1.0  # a draft step costs 10 verify passes
     gammas = [drafter.choose_gamma(8) for _ in range(3 * PROBE_EVERY)]  # probes after 8, then 16 plain steps
     assert gammas == [0] * (PROBE_EVERY - 1) + [1] + [0] * (2 * PROBE_EVERY - 1) + [1]
-    drafter.draft_step_s = 1e-6  # drafting is free again: the next step drafts at once
-    assert drafter.choose_gamma(8) > 0 and drafter.plain_steps == 0 and drafter.probe_every == PROBE_EVERY
+    drafter.estimate.draft_step_s = 1e-6  # drafting is free again: the next step drafts at once
+    assert drafter.choose_gamma(8) > 0 and drafter.plain_steps == 0 and drafter.estimate.probe_every == PROBE_EVERY
+
+
+def test_adaptive_gamma_starts_from_the_last_request_s_estimate(pair):
+    env = dataclasses.replace(pair.target.drafter_env(False), state={}, draft_model=pair.fresh_draft,
+                              verify_cost=lambda s: 1.0)
+    first = make_sd(env)
+    first.estimate.draft_step_s = 10.0  # the last request measured a draft step at 10 verify passes
+    second = make_sd(env)
+    assert second.estimate is first.estimate and second.choose_gamma(8) == 0  # plain at once, no fixed gamma first
+    # per method, decoding mode and chain or tree
+    others = [make_hsd(env), make_sd(dataclasses.replace(env, tree=True)),
+              make_sd(dataclasses.replace(env, sampling=SamplingParams(temperature=1.0)))]
+    assert len({id(first.estimate), *(id(d.estimate) for d in others)}) == 4
+    assert all(d.timed and d.estimate.draft_step_s is None and d.choose_gamma(8) == GAMMA for d in others)
+
+
+def test_seeded_sampling_chooses_gamma_from_counts_and_keeps_no_estimate(pair):
+    env = dataclasses.replace(pair.target.drafter_env(False), state={}, draft_model=pair.fresh_draft,
+                              sampling=SamplingParams(temperature=1.0), seed=5, verify_cost=lambda s: 100.0 * s)
+    drafter = make_sd(env)
+    assert not drafter.timed and env.state == {}
+    drafter.estimate.draft_step_s = 10.0  # measured times play no part
+    for accepted, rejections in [(0.0, 0.0), (5.0, 1.0), (0.0, 6.0)]:
+        drafter.estimate.accepted, drafter.estimate.rejections = accepted, rejections
+        expected = best_gamma(drafter.alpha, DRAFT_TOKEN_COST, counted_verify_cost, 8)
+        assert drafter.choose_gamma(8) == expected
+    assert expected == 0 and best_gamma(6 / 7, DRAFT_TOKEN_COST, counted_verify_cost, 8) > 0
+
+
+def test_a_seeded_request_repeats_whatever_the_measured_costs(pair):
+    model = specrt.load(pair.target_folder, draft=pair.draft_folder)
+    options = dict(temperature=1.0, seed=3, max_new_tokens=30)
+    first = {m: model.generate(PROMPTS[0], method=m, **options).token_ids for m in ACCEPTANCE}
+    for s in range(1, 10):  # verify windows now look dear: decisions from measured times would back off
+        model.verify_cost.record(s, 10.0 * s)
+    assert {m: model.generate(PROMPTS[0], method=m, **options).token_ids for m in ACCEPTANCE} == first
 
 
 @pytest.mark.parametrize("method", ["sd", "hsd_capped"])
@@ -267,7 +307,7 @@ def test_backing_off_keeps_greedy_output_and_the_draft_cache_aligned(pair, basel
 
     def dear_step(token):  # every draft forward looks expensive: the request backs off, then probes
         out = real_step(token)
-        drafter.draft_step_s = 10.0
+        drafter.estimate.draft_step_s = 10.0
         return out
 
     sizes = []
@@ -370,6 +410,8 @@ def test_load_with_draft_runs_registered_methods_bit_exact(pair, baselines):
             for prompt in PROMPTS[:3]:
                 got = model.generate(prompt, method=method, tree=tree, max_new_tokens=40)
                 assert got.token_ids == baselines[prompt], (method, tree, prompt)
+    # what adaptive gamma learnt above may say back off (timings); a fresh estimate drafts GAMMA at once
+    model.forget_history()
     assert model.generate(PROMPTS[0], method="sd", max_new_tokens=40).stats["accepted"] > 0
 
 

@@ -53,13 +53,13 @@ import numpy as np
 from specrt.backoff import Backoff
 from specrt.cost import VerifyCostModel
 from specrt.drafters.base import Drafter, DrafterEnv, Feedback
+from specrt.drafters.draft_model import DRAFT_TOKEN_COST
 from specrt.drafters.indexes.datastore import STATE_KEY as DATASTORE_STATE_KEY
 from specrt.errors import InvalidRequestError
 from specrt.tree import DraftTree
 
 PROBE_EVERY = 4  # steps between the proposals of a member that does not pay, at least
 PROBE_SHARE = 0.03  # the share of the steps since its last proposal that a probe may cost, at most
-DRAFT_TOKEN_COST = 0.25  # counts mode: one draft-model token, in target single steps
 # a draft model's prefill of one context token it has not seen, in target single steps: a prior
 # (a batched pass, a fraction of a drafted token) for its first probe, which catches the whole
 # context up; measured propose times replace it after that

@@ -38,17 +38,29 @@ gamma = 0 is a plain step (one token for ``verify_cost(1)``, no draft): where dr
 backs off to plain decoding, and drafts once at the best positive length after ``PROBE_EVERY``
 plain steps to measure alpha again (after 16, 32, ... up to ``PROBE_EVERY_MAX`` while probes do
 not pay). The draft cache catches up on the skipped tokens at the next draft.
+
+What adaptive gamma learns (:class:`GammaEstimate`: the acceptance counts, the draft step's time,
+the probe interval) carries from one request of a model to the next, per method, decoding mode
+(greedy or sampling) and chain or tree, in ``env.state``: a request starts where the last one
+left off instead of drafting ``gamma`` tokens until its own measurements come in, which on short
+requests cost more than the whole back-off saved. Seeded sampling is the exception: a decision
+from measured times would pick which random numbers the request draws, and the request would not
+repeat. There gamma is chosen from counts only, a fresh estimate per request, with a draft step
+costing ``DRAFT_TOKEN_COST`` single steps and a window of s positions ``1 + DEFAULT_SLOPE (s - 1)``
+(specrt.cost).
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 from tokenizers import Tokenizer
 
+from specrt.cost import DEFAULT_SLOPE
 from specrt.drafters.base import DrafterEnv, DraftModel, Feedback
 from specrt.errors import ArtifactError, InvalidRequestError
 from specrt.sampling import SamplingParams, sample, target_probs
@@ -63,6 +75,28 @@ PROBE_EVERY = 8  # adaptive gamma: plain steps before the first probing draft wh
 PROBE_EVERY_MAX = 128  # ... doubling after every probe that did not pay, up to this
 ACCEPTANCE = ("sd", "hsd", "hsd_capped")  # the accept rules a draft model drafts for (specrt.engine.accept)
 DRAFT_STREAM = 1  # the drafter's random stream: seed [seed, 1] (the engine's is seed)
+DRAFT_TOKEN_COST = 0.25  # seeded sampling (counts): one draft forward, in target single steps
+ESTIMATE_STATE_KEY = "draft_model/gamma"  # env.state key prefix of the estimates a model's next request starts from
+
+
+@dataclass
+class GammaEstimate:
+    """What adaptive gamma has learnt so far (a request's, or carried over from the model's last ones)."""
+
+    accepted: float = 0.0  # decayed count of accepted drafted tokens
+    rejections: float = 0.0  # decayed count of steps that stopped before the end of their chain
+    draft_step_s: float | None = None  # running mean of one single-token draft forward
+    probe_every: int = PROBE_EVERY  # plain steps between probes (doubles while probes do not pay)
+
+    @property
+    def alpha(self) -> float:
+        """Estimated probability that a drafted token is accepted (Laplace-smoothed)."""
+        return (self.accepted + 1.0) / (self.accepted + self.rejections + 2.0)
+
+
+def counted_verify_cost(s: int) -> float:
+    """Seeded sampling: a verify pass over ``s`` positions in single steps, from counts only."""
+    return 1.0 + DEFAULT_SLOPE * (s - 1)
 
 
 def expected_tokens(alpha: float, gamma: np.ndarray) -> np.ndarray:
@@ -134,17 +168,21 @@ class DraftModelDrafter:
         self.cached = np.zeros(0, np.int64)  # [capacity] cached[:decoder.past] = the tokens in the draft cache
         self.context = np.zeros(0, np.int64)  # [t] the context after the last observed step
         self.block = 0  # chain length of the last proposal; 0 when it continued an open HSD block
-        self.accepted = 0.0  # decayed count of accepted drafted tokens
-        self.rejections = 0.0  # decayed count of steps that stopped before the end of their chain
-        self.draft_step_s: float | None = None  # running mean of one single-token draft forward
+        # seeded sampling decides from counts (the module docstring); otherwise from measured times,
+        # with the estimate the model's last request of this method and mode left
+        self.timed = env.seed is None or self.sampling.greedy
+        if self.timed and adaptive:
+            mode = f"{acceptance}/{'greedy' if self.sampling.greedy else 'sampling'}/{'tree' if self.tree else 'chain'}"
+            self.estimate: GammaEstimate = env.state.setdefault(f"{ESTIMATE_STATE_KEY}/{mode}", GammaEstimate())
+        else:
+            self.estimate = GammaEstimate()
         self.plain_steps = 0  # adaptive gamma: plain steps since drafting last paid or probed
-        self.probe_every = PROBE_EVERY  # plain steps between probes (doubles while probes do not pay)
         self.last_gamma = 0  # chain length chosen for the last new block
 
     @property
     def alpha(self) -> float:
         """Estimated probability that a drafted token is accepted (Laplace-smoothed)."""
-        return (self.accepted + 1.0) / (self.accepted + self.rejections + 2.0)
+        return self.estimate.alpha
 
     # -- the drafter protocol --------------------------------------------------------------------
 
@@ -200,9 +238,9 @@ class DraftModelDrafter:
 
     def observe(self, emitted: np.ndarray, feedback: Feedback) -> None:
         if self.block:
-            accepted = len(feedback.path)
-            self.accepted = DECAY * self.accepted + accepted
-            self.rejections = DECAY * self.rejections + float(accepted < self.block)
+            accepted, estimate = len(feedback.path), self.estimate
+            estimate.accepted = DECAY * estimate.accepted + accepted
+            estimate.rejections = DECAY * estimate.rejections + float(accepted < self.block)
         self.open_levels = feedback.open_levels
         self.context = np.concatenate([self.context, emitted])
         self._keep_prefix_of(self.context)
@@ -239,8 +277,8 @@ class DraftModelDrafter:
         t0 = time.perf_counter()
         past = self.decoder.past
         logits = self.decoder.forward(np.array([token], np.int64))
-        elapsed = time.perf_counter() - t0
-        self.draft_step_s = elapsed if self.draft_step_s is None else DECAY * self.draft_step_s + (1 - DECAY) * elapsed
+        elapsed, old = time.perf_counter() - t0, self.estimate.draft_step_s
+        self.estimate.draft_step_s = elapsed if old is None else DECAY * old + (1 - DECAY) * elapsed
         self.cached[past] = token
         return logits
 
@@ -257,20 +295,33 @@ class DraftModelDrafter:
         that alpha keeps being measured at a vanishing cost)."""
         limit = budget if self.max_gamma is None else min(self.max_gamma, budget)
         fixed = min(self.gamma, limit)
-        if not self.adaptive or self.draft_step_s is None or self.verify_cost is None or limit < 1:
+        costs = self._costs()
+        if not self.adaptive or costs is None or limit < 1:
             return fixed
-        best = best_gamma(self.alpha, self.draft_step_s, self.verify_cost, limit)
+        draft_step, verify_cost = costs
+        best = best_gamma(self.alpha, draft_step, verify_cost, limit)
         if best is None:
             return fixed
+        estimate = self.estimate
         if best > 0:
-            self.plain_steps, self.probe_every = 0, PROBE_EVERY
+            self.plain_steps, estimate.probe_every = 0, PROBE_EVERY
             return best
         self.plain_steps += 1
-        if self.plain_steps < self.probe_every:
+        if self.plain_steps < estimate.probe_every:
             return 0
         self.plain_steps = 0  # probe: draft once more at the best positive length; wait longer next time
-        self.probe_every = min(2 * self.probe_every, PROBE_EVERY_MAX)
-        return best_gamma(self.alpha, self.draft_step_s, self.verify_cost, limit, minimum=1) or 1
+        estimate.probe_every = min(2 * estimate.probe_every, PROBE_EVERY_MAX)
+        return best_gamma(self.alpha, draft_step, verify_cost, limit, minimum=1) or 1
+
+    def _costs(self) -> tuple[float, Callable[[int], float | None]] | None:
+        """(one draft forward, a verify pass by window size) in one unit for adaptive gamma: measured
+        seconds, or single steps counted under seeded sampling; None before a draft step is measured
+        or without a verify cost."""
+        if not self.timed:
+            return DRAFT_TOKEN_COST, counted_verify_cost
+        if self.estimate.draft_step_s is None or self.verify_cost is None:
+            return None
+        return self.estimate.draft_step_s, self.verify_cost
 
 
 def _make(env: DrafterEnv, acceptance: str) -> DraftModelDrafter:
