@@ -42,8 +42,8 @@ not pay). The draft cache catches up on the skipped tokens at the next draft.
 What adaptive gamma learns (:class:`GammaEstimate`: the acceptance counts, the draft step's time,
 the probe interval) carries from one request of a model to the next, per method, decoding mode
 (greedy or sampling) and chain or tree, in ``env.state``: a request starts where the last one
-left off instead of drafting ``gamma`` tokens until its own measurements come in, which on short
-requests cost more than the whole back-off saved. Seeded sampling is the exception: a decision
+left off instead of drafting ``gamma`` tokens until its own measurements come in (what that costs
+short requests: docs/methods.md). Seeded sampling is the exception: a decision
 from measured times would pick which random numbers the request draws, and the request would not
 repeat. There gamma is chosen from counts only, a fresh estimate per request, with a draft step
 costing ``DRAFT_TOKEN_COST`` single steps and a window of s positions ``1 + DEFAULT_SLOPE (s - 1)``
