@@ -204,7 +204,7 @@ class SpeculativeLoop:
     def _stop(self, emitted: np.ndarray, produced: int) -> tuple[np.ndarray, str | None]:
         """Cut ``emitted`` at the first EOS (kept) or at the limit (max_new_tokens or the context's end)."""
         room = self._limit - produced
-        eos_at = np.flatnonzero((emitted[:, None] == self.eos).any(axis=1))  # no sort, as np.isin
+        eos_at = np.flatnonzero((emitted[:, None] == self.eos).any(axis=1))  # few ids: no np.isin sort
         if len(eos_at) and eos_at[0] < room:
             return emitted[: eos_at[0] + 1], "eos"
         if len(emitted) >= room:
