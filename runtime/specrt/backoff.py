@@ -83,6 +83,16 @@ class Backoff:
             return max(window / one, 1.0)  # a window does more work than one step: less is timing noise
         return 1.0 + DEFAULT_SLOPE * (s - 1)
 
+    def cost_ratios(self, n: int) -> np.ndarray:
+        """[n] float64: :meth:`cost_ratio` of s = 1 .. n, in one pass over the cost model."""
+        s = np.arange(1, n + 1)
+        default = 1.0 + DEFAULT_SLOPE * (s - 1)
+        one = self.cost.estimate(1)
+        if one <= 0:
+            return default
+        window = np.array([self.cost.estimate(int(k)) for k in s], np.float64)
+        return np.where(window > 0, np.maximum(window / one, 1.0), default)
+
     def expected_accepted(self, depth: int) -> float:
         """E[min(m, depth)]: accepted tokens of a proposal cut to ``depth``."""
         return float(self.reach[1 : depth + 1].sum())
@@ -104,22 +114,26 @@ class Backoff:
             deepest = min(int(tree.depths().max()), len(self.reach) - 1)
             self._pending.append(_Pending(tree, context_len, deepest))
 
-    def best_cut(self, tree: DraftTree, drafting: float = 0.0) -> tuple[int, float]:
+    def best_cut(self, tree: DraftTree, drafting: float = 0.0, ratios: np.ndarray | None = None) -> tuple[int, float]:
         """(k*, rate): the depth that maximises expected tokens per unit of cost, and that rate, when the
         step has already spent ``drafting`` (in single steps, c(1) = 1) on proposals; k* = 0 is a
-        plain step, rate 1 / (1 + drafting)."""
-        best, best_rate = 0, 1.0 / (1.0 + drafting)
+        plain step, rate 1 / (1 + drafting). ``ratios``: :meth:`cost_ratios` of at least the tree's
+        size + 1, when the caller has them (else read here). Ties go to the shallower cut."""
+        plain = 1.0 / (1.0 + drafting)
         if not len(tree):
-            return best, best_rate
+            return 0, plain
         depths = tree.depths()
         deepest = min(int(depths.max()), len(self.reach) - 1)
         sizes = np.bincount(depths, minlength=deepest + 1)[: deepest + 1].cumsum()  # nodes at depth <= k
         accepted = self.reach[1 : deepest + 1].cumsum()  # [deepest] E[min(m, k)] for k = 1 .. deepest
-        for k in range(1, deepest + 1):
-            rate = (1.0 + float(accepted[k - 1])) / (self.cost_ratio(int(sizes[k]) + 1) + drafting)
-            if rate > best_rate:
-                best, best_rate = k, rate
-        return best, best_rate
+        if ratios is None or len(ratios) < sizes[deepest] + 1:
+            ratios = self.cost_ratios(int(sizes[deepest]) + 1)
+        # [deepest] the rate of each cut k; its window is sizes[k] + 1 positions, whose ratio is ratios[sizes[k]]
+        rates = (1.0 + accepted) / (ratios[sizes[1:]] + drafting)
+        k = int(np.argmax(rates))  # the first of equal rates
+        if rates[k] > plain:
+            return k + 1, float(rates[k])
+        return 0, plain
 
     def observe_context(self, context: np.ndarray) -> None:
         """Score every pending proposal whose accepted depth ``context`` ([t] int64) now settles:

@@ -57,6 +57,7 @@ import dataclasses
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -154,15 +155,25 @@ class Auto:
         self.plain = 0  # steps whose proposals all lost to a plain step (or none was made)
         self.last_choice: str | None = None  # the member whose tree the last step verified
         self._context = np.zeros(0, np.int64)  # [t] the context after the last step
+        self._ratios: dict[int, np.ndarray] = {}  # id of a cost model -> its cost ratios, this step
 
     # -- costs, in single steps (c(1) = 1)
 
-    def drafting_cost(self, member: Member, drafted: int) -> float:
-        """What one proposal of ``drafted`` tokens by ``member`` costs, in single steps."""
+    def drafting_cost(self, member: Member, drafted: Any) -> Any:
+        """What one proposal of ``drafted`` tokens (an int or an array of them) by ``member`` costs,
+        in single steps."""
         one = self.cost.estimate(1)
         if self.config.timed and member.propose_s is not None and one > 0:
             return member.propose_s / one
         return member.token_cost * drafted
+
+    def ratios(self, estimate: Backoff, budget: int) -> np.ndarray:
+        """[budget + 1] c(s) / c(1) for s = 1 .. budget + 1 on ``estimate``'s cost model, read once a step."""
+        key = id(estimate.cost)
+        ratios = self._ratios.get(key)
+        if ratios is None or len(ratios) < budget + 1:
+            ratios = self._ratios[key] = estimate.cost_ratios(budget + 1)
+        return ratios
 
     def promise(self, member: Member, budget: int) -> float:
         """The best rate (1 + E[accepted, cut at k]) / (c(k + 1) + drafting) that a chain of depth
@@ -170,11 +181,11 @@ class Auto:
         step: 1.0; 0.0 when no depth is possible)."""
         estimate = member.estimate
         accepted = estimate.reach[1 : budget + 1].cumsum()  # [k] E[min(m, k)] for k = 1 .. budget
-        best = 0.0
-        for k in range(1, len(accepted) + 1):
-            gain = 1.0 + float(accepted[k - 1])
-            best = max(best, gain / (estimate.cost_ratio(k + 1) + self.drafting_cost(member, k)))
-        return best
+        if not len(accepted):
+            return 0.0
+        k = np.arange(1, len(accepted) + 1)
+        window = self.ratios(estimate, budget)[k]  # c(k + 1) / c(1)
+        return float(((1.0 + accepted) / (window + self.drafting_cost(member, k))).max())
 
     def probe_due(self, member: Member, budget: int, context_len: int) -> bool:
         """Whether ``member`` proposes this step as a probe (whether or not it pays)."""
@@ -194,6 +205,7 @@ class Auto:
         self.step += 1
         if isinstance(self.cost, MeasuredCost):
             self.cost.new_step()
+        self._ratios.clear()
         self._context = np.asarray(context, np.int64)
         self.last_choice = None
         offers: list[tuple[Member, DraftTree]] = []
@@ -218,14 +230,15 @@ class Auto:
                 offers.append((member, tree))
         best: tuple[Member | None, DraftTree, int] | None = None  # (member, its tree, depth); None member: the union
         best_rate = 1.0 / (1.0 + drafting)  # a plain step
-        cuts = [(member, tree, *member.estimate.best_cut(tree, drafting)) for member, tree in offers]
+        cuts = [(member, tree, *member.estimate.best_cut(tree, drafting, self.ratios(member.estimate, budget)))
+                for member, tree in offers]
         for member, tree, depth, rate in cuts:
             if depth > 0 and rate > best_rate:
                 best, best_rate = (member, tree, depth), rate
         merged = self.merge(cuts, budget)
         if merged is not None and self.union is not None:
             self.union.track(merged, len(context))
-            depth, rate = self.union.best_cut(merged, drafting)
+            depth, rate = self.union.best_cut(merged, drafting, self.ratios(self.union, budget))
             if depth > 0 and rate > best_rate:
                 best, best_rate = (None, merged, depth), rate
         if best is None:
