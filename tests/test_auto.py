@@ -70,10 +70,10 @@ class Traced(Auto):
 
 
 def counts_controller(drafters: dict[str, object], cost: VerifyCostModel | None = None,
-                      token_cost: float = 0.0, probe_share: float = PROBE_SHARE, tree: bool = False) -> Traced:
+                      token_cost: float = 0.0, probe_share: float = PROBE_SHARE) -> Traced:
     cost = cost if cost is not None else VerifyCostModel()  # nothing measured: c(s) = 1 + 0.15 (s - 1)
     members = [Member(name, d, Backoff(cost), token_cost) for name, d in drafters.items()]
-    return Traced(members, cost, AutoConfig(timed=False, probe_share=probe_share), Backoff(cost) if tree else None)
+    return Traced(members, cost, AutoConfig(timed=False, probe_share=probe_share))
 
 
 def costs(seconds_by_size: dict[int, float]) -> VerifyCostModel:
@@ -103,7 +103,7 @@ def test_it_follows_the_member_the_trace_rewards():
     assert "early" not in [choice for _, choice in auto.trace[switch:]]
     assert result.steps < len(OUTPUT) / 3  # plain decoding takes 79 steps
     assert auto.choices() == {"early": first["early"] + second["early"], "late": second["late"],
-                              "union": 0, "plain": first[None] + second[None]}
+                              "plain": first[None] + second[None]}
 
 
 def test_the_first_steps_run_plain_until_a_held_proposal_is_scored():
@@ -122,8 +122,7 @@ def test_a_draft_whose_window_costs_more_than_its_gain_is_never_verified():
     auto = counts_controller({"oracle": Knows(OUTPUT, 0, 80)}, dear)
     result = simulate(auto, PROMPT, OUTPUT, budget=8)
     assert result.drafted == 0 and result.steps == len(OUTPUT) - 1
-    # the last step has no budget to propose
-    assert auto.choices() == {"oracle": 0, "union": 0, "plain": len(OUTPUT) - 2}
+    assert auto.choices() == {"oracle": 0, "plain": len(OUTPUT) - 2}  # the last step has no budget to propose
     cheaper = counts_controller({"oracle": Knows(OUTPUT, 0, 80)}, costs({1: 0.01, 5: 0.04}))  # 0.75 per position
     assert simulate(cheaper, PROMPT, OUTPUT, budget=8).accepted > 0
 
@@ -159,39 +158,6 @@ def test_with_every_member_useless_it_runs_plain_steps_and_only_probes():
     assert result.drafted == 0 and result.steps == len(OUTPUT) - 1
     probes = math.ceil((len(OUTPUT) - 2) / PROBE_EVERY)  # the probe bound: 20 of 78 proposing steps
     assert [m.proposed for m in auto.members] == [probes] * 3
-
-
-class Alternates(Knows):
-    """Proposes 3 tokens: the record's continuation when the tokens emitted so far, in fours, are
-    odd (or even, by ``parity``) in number, else a chain that is wrong from its first token: a
-    step that accepts all 3 (4 tokens emitted) hands the next step to the other member."""
-
-    def __init__(self, output: np.ndarray, parity: int):
-        super().__init__(output, 0, len(output))
-        self.parity = parity
-
-    def propose(self, context, budget):
-        done = len(context) - self.start
-        truth = self.output[done : done + min(budget, 3)]
-        return DraftTree.chain(truth if done // 4 % 2 == self.parity else np.full(len(truth), WRONG))
-
-
-def test_under_tree_verification_the_union_of_two_drafts_wins_where_each_is_right_half_the_time():
-    # each member's first token is right on alternate steps; their union holds the truth at every
-    # step (6 nodes, budget 8), so once its estimate has seen that, the union is what is verified
-    # and every step accepts 3 tokens, where either member alone accepts 3 on about half the steps
-    members = {"even": Alternates(OUTPUT, 0), "odd": Alternates(OUTPUT, 1)}
-    union = counts_controller(dict(members), tree=True)
-    merged = simulate(union, PROMPT, OUTPUT, budget=8)
-    choices = [choice for _, choice in union.trace]
-    first = choices.index("union")  # once one union's proposal has been scored (its estimate starts at 0)
-    assert first < 16 and union.choices()["union"] >= 15
-    # from then on every union is verified and accepted in full, until the record's end cuts the budget
-    unions = [i for i, (done, _) in enumerate(union.trace) if done <= len(OUTPUT) - 8 and i >= first]
-    assert all(choices[i] == "union" and merged.accepted_lengths[i] == 3 for i in unions)
-    alone = counts_controller({"even": Alternates(OUTPUT, 0), "odd": Alternates(OUTPUT, 1)})  # chains: no union
-    assert "union" not in [choice for _, choice in alone.trace]
-    assert merged.steps < simulate(alone, PROMPT, OUTPUT, budget=8).steps
 
 
 def test_a_member_that_was_not_chosen_still_observes_every_step():

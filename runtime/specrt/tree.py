@@ -71,32 +71,6 @@ class DraftTree:
         probs = self.draft_probs[keep] if self.draft_probs is not None else None
         return DraftTree(self.token_ids[keep], parents, probs)
 
-    def union(self, other: DraftTree, limit: int) -> DraftTree:
-        """This tree with ``other``'s paths grafted on, at most ``limit`` nodes: this tree's nodes
-        first (indices unchanged), then ``other``'s nodes that spell a path this tree lacks, in
-        ``other``'s order, while there is room (a node whose parent did not fit is left out).
-        Deterministic drafts only: a node of a sampled draft has a q row a graft could not give."""
-        if self.draft_probs is not None or other.draft_probs is not None:
-            raise ValueError("DraftTree.union: sampled drafts (draft_probs) cannot be merged")
-        tokens, parents = list(self.token_ids[:limit]), list(self.parents[:limit])
-        child = {(int(p), int(t)): i for i, (t, p) in enumerate(zip(tokens, parents, strict=True))}
-        where = np.full(len(other), -2, np.int64)  # other's node -> merged node; -2: left out
-        for i, (token, parent) in enumerate(zip(other.token_ids, other.parents, strict=True)):
-            at = -1 if parent < 0 else int(where[parent])
-            if at == -2:
-                continue
-            key = (at, int(token))
-            if key not in child:
-                if len(tokens) >= limit:
-                    continue
-                child[key] = len(tokens)
-                tokens.append(int(token))
-                parents.append(at)
-            where[i] = child[key]
-        if len(tokens) == len(self):
-            return self
-        return DraftTree(np.asarray(tokens, np.int64), np.asarray(parents, np.int64))
-
     def children(self, node: int) -> np.ndarray:
         """Indices of the children of ``node`` (``-1`` = root), in node order."""
         return np.flatnonzero(self.parents == node)

@@ -167,3 +167,27 @@ def test_the_estimate_carries_over_to_the_next_request_of_the_method_until_histo
     list(chunks)
     model.forget_history()
     assert not [k for k in model.drafter_state if k.startswith("backoff/")]
+
+
+def test_best_cut_is_the_first_depth_of_the_highest_rate_by_its_definition():
+    # best_cut computes every depth's rate in one numpy pass; it must pick what the definition does:
+    # the shallowest k of the highest (1 + E[min(m, k)]) / (c(n_k + 1) / c(1) + drafting), if above a
+    # plain step's 1 / (1 + drafting), for random estimates, trees and partly measured cost curves
+    rng = np.random.default_rng(0)
+    for _ in range(500):
+        cost = VerifyCostModel()
+        for s in rng.choice(np.arange(1, 12), size=int(rng.integers(0, 4)), replace=False):
+            cost.record(int(s), float(rng.uniform(0.005, 0.05)))
+        backoff = Backoff(cost)
+        backoff.reach[1:] = np.sort(rng.uniform(0, 1, len(backoff.reach) - 1))[::-1] * rng.uniform(0, 1)
+        n = int(rng.integers(1, 9))
+        tree = DraftTree(rng.integers(0, 100, n), np.array([-1] + [int(rng.integers(-1, i)) for i in range(1, n)]))
+        drafting = float(rng.choice([0.0, rng.uniform(0, 0.5)]))
+        depths = tree.depths()
+        expected, best_rate = 0, 1.0 / (1.0 + drafting)
+        for k in range(1, int(depths.max()) + 1):
+            rate = (1.0 + backoff.expected_accepted(k)) / (backoff.cost_ratio(int((depths <= k).sum()) + 1) + drafting)
+            if rate > best_rate:
+                expected, best_rate = k, rate
+        depth, rate = backoff.best_cut(tree, drafting)
+        assert depth == expected and rate == pytest.approx(best_rate, rel=1e-12)

@@ -153,24 +153,3 @@ def test_a_branching_tree_is_cut_to_the_key_block_of_its_first_node():
     assert len(fit_window(tree, past=126, key_block=KEY_BLOCK)) == 1
     chain = DraftTree.chain([1, 2, 3, 4, 5, 6])
     assert fit_window(chain, past=126, key_block=KEY_BLOCK) is chain  # a chain keeps every key at its single-step slot
-
-
-def test_union_grafts_the_paths_a_tree_lacks_in_the_other_trees_order():
-    #   this: 5 -> 6 -> 7          other: 5 -> 8 -> 9, and 4
-    # union: this tree's nodes unchanged, then 8 under the shared 5, 9 under 8, and 4 at the root
-    this = DraftTree.chain([5, 6, 7])
-    other = DraftTree(np.array([5, 8, 9, 4]), np.array([-1, 0, 1, -1]))
-    merged = this.union(other, limit=8)
-    assert merged.token_ids.tolist() == [5, 6, 7, 8, 9, 4]
-    assert merged.parents.tolist() == [-1, 0, 1, 0, 3, -1]
-    # the limit leaves out what does not fit, and a node whose parent was left out
-    assert this.union(other, limit=4).token_ids.tolist() == [5, 6, 7, 8]
-    assert this.union(other, limit=4).parents.tolist() == [-1, 0, 1, 0]
-    # nothing new: the tree itself
-    assert this.union(DraftTree.chain([5, 6]), limit=8) is this
-
-
-def test_union_refuses_sampled_drafts():
-    sampled = DraftTree(np.array([5]), np.array([-1]), np.full((1, 10), 0.1, np.float32))
-    with pytest.raises(ValueError, match="draft_probs"):
-        DraftTree.chain([5]).union(sampled, limit=4)

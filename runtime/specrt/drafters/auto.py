@@ -17,16 +17,6 @@ and the chosen tree, cut to depth k, is verified (empty: a plain step). Every me
 step's emitted tokens and the verifier's feedback (for the verified window, whoever proposed it),
 so a member that was not chosen still learns the text.
 
-Under tree verification the drafts can also be merged: every model-free member whose draft pays
-alone is asked, and the union of the step's deterministic offers (the best one's tree, the others'
-paths it lacks grafted on within the budget, ``DraftTree.union``) is one more candidate, with an
-acceptance estimate of its own (a Backoff scoring every union formed, verified or not), cut by depth
-like the others. It wins where the members are right at different steps: a window of 4 costs what
-a window of 2 does on the CPU, so a second member's branch is nearly free. On 60 recorded Spec-Bench
-answers of the int4 0.5B, replayed with the measured window costs (``scripts/project_speedup.py``
---per-task 10 --max-new-tokens 128 --cost 1:11.6 2:13.1 4:13.1 8:22.3 16:39.4 32:69.7), ``auto``
-under tree verification projects 1.52x with the union and 1.46x without it; suffix decoding 1.50x.
-
 Costs: a window's c(s) is the engine's measured verify cost (``env.verify_cost``); a member's
 drafting cost is the running mean of its measured ``propose`` time (a draft model's forward passes
 and its catch-up included) over c(1). That is under greedy decoding and unseeded sampling. Under
@@ -77,7 +67,6 @@ PROBE_SHARE = 0.03  # the share of the steps since its last proposal that a prob
 DRAFT_CATCH_UP_COST = 0.05
 MEMBER_STATE_KEY = "auto/members"  # env.state key of the members' own state (apart from the methods')
 ESTIMATE_STATE_KEY = "auto/estimates"  # env.state key of the members' acceptance estimates, by mode
-UNION = "union"  # the union of a step's offers, estimated as a member of its own (tree verification)
 
 
 @dataclass(frozen=True)
@@ -139,18 +128,13 @@ class Member:
 class Auto:
     """The controller as a drafter: :meth:`propose` returns the chosen member's tree, cut to what pays."""
 
-    def __init__(self, members: list[Member], cost: VerifyCostModel | MeasuredCost, config: AutoConfig = AutoConfig(),
-                 union: Backoff | None = None):
+    def __init__(self, members: list[Member], cost: VerifyCostModel | MeasuredCost, config: AutoConfig = AutoConfig()):
         names = [m.name for m in members]
-        if len(set(names)) != len(names) or UNION in names:
-            raise InvalidRequestError(f"auto: member names repeat or take the name {UNION!r}: {names}")
+        if len(set(names)) != len(names):
+            raise InvalidRequestError(f"auto: member names repeat: {names}")
         self.members = members
         self.cost = cost
         self.config = config
-        # tree verification: the acceptance estimate of the union of the step's deterministic offers
-        # (None: chain verification, where drafts cannot be merged)
-        self.union = union
-        self.union_chosen = 0  # steps that verified a union
         self.step = 0
         self.plain = 0  # steps whose proposals all lost to a plain step (or none was made)
         self.last_choice: str | None = None  # the member whose tree the last step verified
@@ -215,9 +199,7 @@ class Auto:
         promises = [self.promise(member, budget) for member in self.members]
         leader = max(range(len(self.members)), key=lambda i: promises[i])  # ties: the first listed
         for i, member in enumerate(self.members):
-            # with a union on offer, every model-free member whose draft pays alone is asked too
-            pays = promises[i] > 1.0 and (i == leader or (self.union is not None and member.token_cost == 0.0))
-            if not (pays or self.probe_due(member, budget, len(context))):
+            if not ((i == leader and promises[i] > 1.0) or self.probe_due(member, budget, len(context))):
                 continue
             t0 = time.perf_counter()
             tree = member.drafter.propose(context, budget)
@@ -228,58 +210,29 @@ class Auto:
             if len(tree):
                 member.estimate.track(tree, len(context))
                 offers.append((member, tree))
-        best: tuple[Member | None, DraftTree, int] | None = None  # (member, its tree, depth); None member: the union
+        best: tuple[Member, int] | None = None
         best_rate = 1.0 / (1.0 + drafting)  # a plain step
-        cuts = [(member, tree, *member.estimate.best_cut(tree, drafting, self.ratios(member.estimate, budget)))
-                for member, tree in offers]
-        for member, tree, depth, rate in cuts:
+        for member, tree in offers:
+            depth, rate = member.estimate.best_cut(tree, drafting, self.ratios(member.estimate, budget))
             if depth > 0 and rate > best_rate:
-                best, best_rate = (member, tree, depth), rate
-        merged = self.merge(cuts, budget)
-        if merged is not None and self.union is not None:
-            self.union.track(merged, len(context))
-            depth, rate = self.union.best_cut(merged, drafting, self.ratios(self.union, budget))
-            if depth > 0 and rate > best_rate:
-                best, best_rate = (None, merged, depth), rate
+                best, best_rate = (member, depth), rate
         if best is None:
             self.plain += 1
             return DraftTree.empty()
-        member, tree, depth = best
-        if member is None:
-            self.union_chosen += 1
-            self.last_choice = UNION
-        else:
-            member.chosen += 1
-            self.last_choice = member.name
-        return tree.truncated(depth)
-
-    def merge(self, cuts: list[tuple[Member, DraftTree, int, float]], budget: int) -> DraftTree | None:
-        """The union of the step's deterministic offers, the best rate's tree first (its nodes keep
-        their places; the others graft what it lacks while the budget allows); None when there is
-        no union (chain verification, fewer than two such offers, or nothing grafted)."""
-        if self.union is None:
-            return None
-        # by rate, best first; sorted is stable, so ties keep the listed order
-        ranked = sorted((c for c in cuts if c[1].draft_probs is None), key=lambda c: -c[3])
-        if len(ranked) < 2:
-            return None
-        merged = ranked[0][1]
-        for _, tree, _, _ in ranked[1:]:
-            merged = merged.union(tree, budget)
-        return merged if len(merged) > len(ranked[0][1]) else None
+        member, depth = best
+        member.chosen += 1
+        self.last_choice = member.name
+        return next(tree for m, tree in offers if m is member).truncated(depth)
 
     def observe(self, emitted: np.ndarray, feedback: Feedback) -> None:
         self._context = np.concatenate([self._context, np.asarray(emitted, np.int64)])
         for member in self.members:
             member.drafter.observe(emitted, feedback)
             member.estimate.observe_context(self._context)
-        if self.union is not None:
-            self.union.observe_context(self._context)
 
     def choices(self) -> dict[str, int]:
-        """Steps that verified each member's draft, the union of several (``"union"``), and plain
-        steps (``"plain"``)."""
-        return {**{m.name: m.chosen for m in self.members}, UNION: self.union_chosen, "plain": self.plain}
+        """Steps that verified each member's draft, and plain steps (``"plain"``)."""
+        return {**{m.name: m.chosen for m in self.members}, "plain": self.plain}
 
 
 def members_for(env: DrafterEnv) -> list[str]:
@@ -321,8 +274,4 @@ def make(env: DrafterEnv) -> Auto:
         estimate = kept[name].carried_over(cost) if name in kept else Backoff(cost)
         kept[name] = estimate  # the next request of this model starts from it (timed mode)
         members.append(Member(name, drafter, estimate, token_cost, catch_up_cost))
-    union = None
-    if env.tree:
-        union = kept[UNION].carried_over(cost) if UNION in kept else Backoff(cost)
-        kept[UNION] = union
-    return Auto(members, cost, config, union)
+    return Auto(members, cost, config)
