@@ -26,6 +26,7 @@ from specrt.backend.draft_model import OrtDraftModel
 from specrt.backend.manifest import read_manifest
 from specrt.backend.prefill import prefill
 from specrt.backend.session import OrtDecoder
+from specrt.cost import default_cost_ratio
 from specrt.drafters import Method
 from specrt.drafters.base import DrafterEnv, Feedback
 from specrt.drafters.draft_model import (
@@ -35,7 +36,6 @@ from specrt.drafters.draft_model import (
     DraftModelDrafter,
     best_gamma,
     check_vocab_compatible,
-    counted_verify_cost,
     expected_tokens,
     make_hsd,
     make_hsd_capped,
@@ -286,9 +286,9 @@ def test_seeded_sampling_chooses_gamma_from_counts_and_keeps_no_estimate(pair):
     drafter.estimate.draft_step_s = 10.0  # measured times play no part
     for accepted, rejections in [(0.0, 0.0), (5.0, 1.0), (0.0, 6.0)]:
         drafter.estimate.accepted, drafter.estimate.rejections = accepted, rejections
-        expected = best_gamma(drafter.alpha, DRAFT_TOKEN_COST, counted_verify_cost, 8)
+        expected = best_gamma(drafter.alpha, DRAFT_TOKEN_COST, default_cost_ratio, 8)
         assert drafter.choose_gamma(8) == expected
-    assert expected == 0 and best_gamma(6 / 7, DRAFT_TOKEN_COST, counted_verify_cost, 8) > 0
+    assert expected == 0 and best_gamma(6 / 7, DRAFT_TOKEN_COST, default_cost_ratio, 8) > 0
 
 
 def test_a_seeded_request_repeats_whatever_the_measured_costs(pair):

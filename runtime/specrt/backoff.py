@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from specrt.cost import DEFAULT_SLOPE, VerifyCostModel
+from specrt.cost import VerifyCostModel, default_cost_ratio
 from specrt.tree import DraftTree
 
 
@@ -81,12 +81,12 @@ class Backoff:
         one, window = self.cost.estimate(1), self.cost.estimate(s)
         if one > 0 and window > 0:
             return max(window / one, 1.0)  # a window does more work than one step: less is timing noise
-        return 1.0 + DEFAULT_SLOPE * (s - 1)
+        return default_cost_ratio(s)
 
     def cost_ratios(self, n: int) -> np.ndarray:
         """[n] float64: :meth:`cost_ratio` of s = 1 .. n, in one pass over the cost model."""
         s = np.arange(1, n + 1)
-        default = 1.0 + DEFAULT_SLOPE * (s - 1)
+        default = default_cost_ratio(s)
         one = self.cost.estimate(1)
         if one <= 0:
             return default

@@ -12,9 +12,17 @@ call (0.5-1.3 ms a step at budget 8 on a 2-core machine, against a ~15 ms int4 s
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 DEFAULT_SLOPE = 0.15  # extra cost per extra position, relative to s = 1, before anything is measured
+
+
+def default_cost_ratio(s: Any) -> Any:
+    """c(s) / c(1) before anything is measured (and under seeded sampling, which decides from counts):
+    1 + DEFAULT_SLOPE (s - 1), for a window size or an array of them."""
+    return 1.0 + DEFAULT_SLOPE * (s - 1)
 
 
 class VerifyCostModel:

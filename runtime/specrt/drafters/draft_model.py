@@ -60,7 +60,7 @@ from pathlib import Path
 import numpy as np
 from tokenizers import Tokenizer
 
-from specrt.cost import DEFAULT_SLOPE
+from specrt.cost import default_cost_ratio
 from specrt.drafters.base import DrafterEnv, DraftModel, Feedback
 from specrt.errors import ArtifactError, InvalidRequestError
 from specrt.sampling import SamplingParams, sample, target_probs
@@ -92,11 +92,6 @@ class GammaEstimate:
     def alpha(self) -> float:
         """Estimated probability that a drafted token is accepted (Laplace-smoothed)."""
         return (self.accepted + 1.0) / (self.accepted + self.rejections + 2.0)
-
-
-def counted_verify_cost(s: int) -> float:
-    """Seeded sampling: a verify pass over ``s`` positions in single steps, from counts only."""
-    return 1.0 + DEFAULT_SLOPE * (s - 1)
 
 
 def expected_tokens(alpha: float, gamma: np.ndarray) -> np.ndarray:
@@ -318,7 +313,7 @@ class DraftModelDrafter:
         seconds, or single steps counted under seeded sampling; None before a draft step is measured
         or without a verify cost."""
         if not self.timed:
-            return DRAFT_TOKEN_COST, counted_verify_cost
+            return DRAFT_TOKEN_COST, default_cost_ratio
         if self.estimate.draft_step_s is None or self.verify_cost is None:
             return None
         return self.estimate.draft_step_s, self.verify_cost
