@@ -5,6 +5,10 @@
 //   V16        16 float lanes; AVX-512: one zmm, AVX2: two ymm (lanes 0-7, 8-15), scalar: an array
 //   fma        a * b + c with one rounding (std::fma / vfmadd)
 //   reduce     lanes summed as a fixed tree: l + (l + 8), then + 4, + 2, + 1
+//   reduce_block  out[i] = reduce(a[i]) * scale + bias[i] for kDotBlock vectors at once: the same
+//              additions of the same pairs, done across the vectors (a transposing tree) instead of
+//              one horizontal tree each, then one product and one sum per result, each rounded
+//   max        per lane, b > a ? b : a (the first of equal values, as a scalar loop keeps it)
 //   exp        Cephes' single-precision polynomial on fma, flushed to 0 below -87.33654
 //
 // This header is included once per instruction set, by a translation unit compiled for it, inside
@@ -46,6 +50,7 @@ inline V16 select_negative(V16 x, V16 if_negative, V16 otherwise) {
   return {_mm512_mask_blend_ps(negative, otherwise.v, if_negative.v)};
 }
 inline V16 div(V16 a, V16 b) { return {_mm512_div_ps(a.v, b.v)}; }
+inline V16 max(V16 a, V16 b) { return {_mm512_mask_blend_ps(_mm512_cmp_ps_mask(b.v, a.v, _CMP_GT_OQ), a.v, b.v)}; }
 inline float reduce(V16 a) {
   __m256 s8 = _mm256_add_ps(_mm512_castps512_ps256(a.v),
                             _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a.v), 1)));
@@ -53,6 +58,28 @@ inline float reduce(V16 a) {
   __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
   __m128 s1 = _mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1));
   return _mm_cvtss_f32(s1);
+}
+// out[i] = reduce(a[i]) * scale + bias[i] for 16 vectors. Each stage adds the pairs reduce adds, for several vectors
+// per instruction (float addition is commutative, so a pair's order within an add is immaterial):
+//   b[p]  quarters: a[2p] l + (l + 8) for l < 4, l = 4..7, then a[2p+1]'s      (s8 of two vectors)
+//   c[r]  quarter i: s8 l + (l + 4) of vector 4r + i                           (s4 of four)
+//   e[u]  per quarter: s4 0 + 2, 1 + 3 of two vectors; f: their sums, vector 4j + i in lane 4i + j
+constexpr int kDotBlock = 16;
+constexpr int kValueHeads = 4;  // heads whose weighted values share each value row's load
+inline void reduce_block(const V16* a, float scale, const float* bias, float* out) {
+  __m512 b[8], c[4];
+  for (int p = 0; p < 8; ++p)
+    b[p] = _mm512_add_ps(_mm512_shuffle_f32x4(a[2 * p].v, a[2 * p + 1].v, 0x44),
+                         _mm512_shuffle_f32x4(a[2 * p].v, a[2 * p + 1].v, 0xEE));
+  for (int r = 0; r < 4; ++r)
+    c[r] = _mm512_add_ps(_mm512_shuffle_f32x4(b[2 * r], b[2 * r + 1], 0x88),
+                         _mm512_shuffle_f32x4(b[2 * r], b[2 * r + 1], 0xDD));
+  const __m512 e0 = _mm512_add_ps(_mm512_shuffle_ps(c[0], c[1], 0x44), _mm512_shuffle_ps(c[0], c[1], 0xEE));
+  const __m512 e1 = _mm512_add_ps(_mm512_shuffle_ps(c[2], c[3], 0x44), _mm512_shuffle_ps(c[2], c[3], 0xEE));
+  const __m512 f = _mm512_add_ps(_mm512_shuffle_ps(e0, e1, 0x88), _mm512_shuffle_ps(e0, e1, 0xDD));
+  const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+  const __m512 sums = _mm512_permutexvar_ps(order, f);
+  _mm512_storeu_ps(out, _mm512_add_ps(_mm512_mul_ps(sums, _mm512_set1_ps(scale)), _mm512_loadu_ps(bias)));
 }
 inline V16 exp_nonpositive(V16 x) {
   const __m512 t = _mm512_mul_ps(x.v, _mm512_set1_ps(kLog2e));
@@ -98,12 +125,31 @@ inline V16 select_negative(V16 x, V16 if_negative, V16 otherwise) {  // blendv r
   return {_mm256_blendv_ps(otherwise.lo, if_negative.lo, x.lo), _mm256_blendv_ps(otherwise.hi, if_negative.hi, x.hi)};
 }
 inline V16 div(V16 a, V16 b) { return {_mm256_div_ps(a.lo, b.lo), _mm256_div_ps(a.hi, b.hi)}; }
+inline V16 max(V16 a, V16 b) {
+  return {_mm256_blendv_ps(a.lo, b.lo, _mm256_cmp_ps(b.lo, a.lo, _CMP_GT_OQ)),
+          _mm256_blendv_ps(a.hi, b.hi, _mm256_cmp_ps(b.hi, a.hi, _CMP_GT_OQ))};
+}
 inline float reduce(V16 a) {
   __m256 s8 = _mm256_add_ps(a.lo, a.hi);
   __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
   __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
   __m128 s1 = _mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1));
   return _mm_cvtss_f32(s1);
+}
+// out[i] = reduce(a[i]) * scale + bias[i] for 4 vectors, the pairs reduce adds, across the vectors
+// (see AVX-512's): s8 per vector, s4 of two per register, s2 and the sums of all four (in the lane
+// order 0, 2 | 1, 3 of the two halves, which the unpack puts back in order)
+constexpr int kDotBlock = 4;
+constexpr int kValueHeads = 2;
+inline void reduce_block(const V16* a, float scale, const float* bias, float* out) {
+  __m256 s8[4];
+  for (int i = 0; i < 4; ++i) s8[i] = _mm256_add_ps(a[i].lo, a[i].hi);
+  const __m256 s4a = _mm256_add_ps(_mm256_permute2f128_ps(s8[0], s8[1], 0x20), _mm256_permute2f128_ps(s8[0], s8[1], 0x31));
+  const __m256 s4b = _mm256_add_ps(_mm256_permute2f128_ps(s8[2], s8[3], 0x20), _mm256_permute2f128_ps(s8[2], s8[3], 0x31));
+  const __m256 s2 = _mm256_add_ps(_mm256_shuffle_ps(s4a, s4b, 0x44), _mm256_shuffle_ps(s4a, s4b, 0xEE));
+  const __m256 s1 = _mm256_add_ps(_mm256_shuffle_ps(s2, s2, 0x88), _mm256_shuffle_ps(s2, s2, 0xDD));
+  const __m128 sums = _mm_unpacklo_ps(_mm256_castps256_ps128(s1), _mm256_extractf128_ps(s1, 1));
+  _mm_storeu_ps(out, _mm_add_ps(_mm_mul_ps(sums, _mm_set1_ps(scale)), _mm_loadu_ps(bias)));
 }
 inline __m256 exp8(__m256 x) {
   const __m256 t = _mm256_mul_ps(x, _mm256_set1_ps(kLog2e));
@@ -163,6 +209,10 @@ inline V16 div(V16 a, V16 b) {
   for (int l = 0; l < 16; ++l) a.v[l] = a.v[l] / b.v[l];
   return a;
 }
+inline V16 max(V16 a, V16 b) {
+  for (int l = 0; l < 16; ++l) a.v[l] = b.v[l] > a.v[l] ? b.v[l] : a.v[l];
+  return a;
+}
 inline V16 neg_abs(V16 a) {
   for (float& lane : a.v) lane = -std::fabs(lane);
   return a;
@@ -177,6 +227,11 @@ inline float reduce(V16 a) {
   for (int l = 0; l < 4; ++l) s4[l] = s8[l] + s8[l + 4];
   const float s2a = s4[0] + s4[2], s2b = s4[1] + s4[3];
   return s2a + s2b;
+}
+constexpr int kDotBlock = 4;
+constexpr int kValueHeads = 2;
+inline void reduce_block(const V16* a, float scale, const float* bias, float* out) {
+  for (int i = 0; i < kDotBlock; ++i) out[i] = reduce(a[i]) * scale + bias[i];
 }
 inline float exp1(float x) {
   if (x < kExpLow) return 0.0f;

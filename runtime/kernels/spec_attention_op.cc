@@ -13,9 +13,9 @@
 // input, the window's from this operator's own outputs, which the runtime binds to the cache slots
 // behind the past. Nothing is concatenated or copied per pass.
 //
-// Work is split over onnxruntime's intra-op threads by (row, key/value head, group of query heads);
-// a task's heads are computed by the same code whatever the split (attention_impl.inc), so the
-// thread count never changes a bit. The instruction set is the best this CPU has (AVX-512, AVX2 +
+// Work is split over onnxruntime's intra-op threads by (key/value head, group of query heads), a task
+// taking the window's rows in turn; a row's heads are computed by the same code whatever the split
+// (attention_impl.inc), so the thread count never changes a bit. The instruction set is the best this CPU has (AVX-512, AVX2 +
 // FMA, else portable scalar code), or the one named by SPECRT_KERNEL_ISA (scalar, avx2, avx512); all
 // three give the same bits (canonical.h).
 #include <cstring>
@@ -42,7 +42,7 @@ OrtStatus* expect_shape(const Tensor& tensor, const char* name, const std::vecto
 const float* floats(const Tensor& tensor) { return static_cast<const float*>(tensor.data); }
 
 struct Task {
-  int64_t row, kv, head_begin, head_end;
+  int64_t kv, head_begin, head_end;  // every row of the pass, one after another
 };
 
 struct Work {
@@ -61,8 +61,8 @@ void run_task(void* user, size_t index) {
   visible.resize(static_cast<size_t>(t));
   scores.resize(static_cast<size_t>(nh * ((t + 15) / 16 * 16)));
   query.resize(static_cast<size_t>(nh * pass.head_dim));
-  work.attend(pass, task.row, task.kv, task.head_begin, task.head_end,
-              Workspace{visible.data(), scores.data(), query.data()});
+  for (int64_t row = 0; row < pass.s; ++row)
+    work.attend(pass, row, task.kv, task.head_begin, task.head_end, Workspace{visible.data(), scores.data(), query.data()});
 }
 
 struct SpecAttentionKernel {
@@ -132,17 +132,21 @@ struct SpecAttentionKernel {
     pass.new_value = new_value;
     pass.out = out;
 
-    // tasks: (row, kv head, group of its query heads); groups split only while there are few rows
+    // tasks: (key/value head, group of its query heads), each over every row of the window in turn.
+    // A task streams its key/value head's cache once for all rows (the rows after the first find it
+    // in cache), and a group is split only when there would be a single task. Qwen2.5-Coder-0.5B
+    // int4 after 1,500 cached positions, 2 threads (scripts/window_cost.py --past 1500 --sizes 1 2 4 8):
+    // a task per (row, key/value head, quarter of a group) streamed the cache up to four times a
+    // row, a task per (row, key/value head) once a row; see docs/kernels.md for the figures
     const int64_t group = heads / kv_heads;
-    const int64_t split = s * kv_heads >= 8 ? 1 : (group >= 4 ? 4 : group);
+    const int64_t split = kv_heads >= 2 ? 1 : (group >= 2 ? 2 : 1);
     std::vector<Task> tasks;
-    tasks.reserve(static_cast<size_t>(s * kv_heads * split));
-    for (int64_t i = 0; i < s; ++i)
-      for (int64_t k = 0; k < kv_heads; ++k)
-        for (int64_t part = 0; part < split; ++part) {
-          const int64_t h0 = k * group + group * part / split, h1 = k * group + group * (part + 1) / split;
-          if (h1 > h0) tasks.push_back({i, k, h0, h1});
-        }
+    tasks.reserve(static_cast<size_t>(kv_heads * split));
+    for (int64_t k = 0; k < kv_heads; ++k)
+      for (int64_t part = 0; part < split; ++part) {
+        const int64_t h0 = k * group + group * part / split, h1 = k * group + group * (part + 1) / split;
+        if (h1 > h0) tasks.push_back({k, h0, h1});
+      }
     Work work{&pass, isa->attend, &tasks};
     return api().KernelContext_ParallelFor(context, run_task, tasks.size(), 0, &work);
   }
