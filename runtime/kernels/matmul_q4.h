@@ -29,6 +29,10 @@ namespace specrt {
 constexpr int64_t kQ4Block = 32;       // k per scale
 constexpr int64_t kQ4Tile = 16;        // columns per tile
 constexpr int64_t kQ4TileBytes = 256;  // packed bytes of one (tile, block)
+// Bytes ahead of a weight load that the vector kernels ask the cache for (a prefetch per 64-byte
+// line): the hardware prefetcher alone left single steps and windows waiting on memory (figures
+// and command: docs/kernels.md, MatMulQ4). A prefetch never changes a result.
+constexpr int64_t kQ4PrefetchAhead = 4096;
 
 struct QuantizedRows {
   int8_t* xq;       // [M, K]

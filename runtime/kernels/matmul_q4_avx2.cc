@@ -83,6 +83,7 @@ __attribute__((noinline)) void half_tile(const Q4Weights& w, const QuantizedRows
     __m256i sums[R];  // 16-bit pair sums of the block, below 30480 (matmul_q4.h)
     for (int r = 0; r < R; ++r) sums[r] = _mm256_setzero_si256();
     for (int g = 0; g < 4; ++g) {  // k = 8g .. 8g + 3 in the low nibbles, 8g + 4 .. 8g + 7 in the high
+      _mm_prefetch(reinterpret_cast<const char*>(packed + b * kQ4TileBytes + 64 * g + kQ4PrefetchAhead), _MM_HINT_T0);
       const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(packed + b * kQ4TileBytes + 64 * g));
       const __m256i low = _mm256_and_si256(v, nibble), high = _mm256_and_si256(_mm256_srli_epi16(v, 4), nibble);
       for (int r = 0; r < R; ++r) {
