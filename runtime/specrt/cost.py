@@ -1,17 +1,22 @@
 """Measured cost of a verify pass by window size, for drafters that size drafts from it.
 
 The engine records the wall time of every decode-phase forward pass under its window size s
-(root + draft nodes). ``estimate(s)`` answers with the running mean at s when measured, else a
-straight line fitted through the measured sizes (or through the one measured size, scaled by
-``DEFAULT_SLOPE``: on CPU one verify pass over 4-8 positions cost 1.1-2.5x a single step).
+(root + draft nodes) into a running mean per size (the first passes averaged, then exponential).
+``estimate(s)`` answers from those means made non-decreasing in s (isotonic regression, each mean
+weighted by its passes): a window never costs less than a smaller one, so a mean above a bigger
+window's is noise and is pooled with it. Sizes not measured get a straight line fitted through the
+measured ones (or through the one measured size, scaled by ``DEFAULT_SLOPE``: on CPU one verify pass
+over 4-8 positions cost 1.1-2.5x a single step), held between the nearest measured sizes.
 
-The line is fitted once per ``record``, not per ``estimate``: the back-off and ``asd_verify`` ask
+The curve is fitted once per ``record``, not per ``estimate``: the back-off and ``asd_verify`` ask
 for every window size they weigh, up to 2 x budget times a step, and ``numpy.polyfit`` took ~80 us a
 call (0.5-1.3 ms a step at budget 8 on a 2-core machine, against a ~15 ms int4 step).
 """
 
 from __future__ import annotations
 
+import bisect
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -31,34 +36,76 @@ class VerifyCostModel:
             raise ValueError(f"decay must be in [0, 1), got {decay}")
         self.decay = decay  # weight of the old mean in the running mean
         self._mean: dict[int, float] = {}  # window size -> seconds
-        self._line: tuple[float, float, float] | None = None  # (intercept, slope, floor) of the means; None: refit
+        self._count: dict[int, int] = {}  # window size -> passes recorded
+        self._fit: _Fit | None = None  # of the means as they stand; None: refit at the next estimate
 
     def record(self, s: int, seconds: float) -> None:
-        old = self._mean.get(s)
-        self._mean[s] = seconds if old is None else self.decay * old + (1 - self.decay) * seconds
-        self._line = None
+        """Enter one pass: the first 1 / (1 - decay) passes at a size are averaged (a slow first pass
+        weighs no more than the next ones), later ones enter an exponential mean."""
+        count = self._count.get(s, 0) + 1
+        weight = max(1.0 - self.decay, 1.0 / count)  # of the new pass
+        self._mean[s] = (1.0 - weight) * self._mean.get(s, 0.0) + weight * seconds
+        self._count[s] = count
+        self._fit = None
 
     def estimate(self, s: int) -> float:
         """Seconds of one verify pass over ``s`` positions; 0.0 when nothing has been measured yet."""
-        if s in self._mean:
-            return self._mean[s]
         if not self._mean:
             return 0.0
-        if self._line is None:
-            self._line = self._fit()
-        intercept, slope, floor = self._line
-        return max(intercept + slope * s, floor)
+        if self._fit is None:
+            self._fit = self._refit()
+        return self._fit.at(s)
 
-    def _fit(self) -> tuple[float, float, float]:
-        """(intercept, slope, floor): the least-squares line through the running means by size,
-        never below the cheapest measured pass; with one measured size, the line through it with
-        ``DEFAULT_SLOPE`` (relative to s = 1), floored at 0."""
-        sizes = np.array(sorted(self._mean), np.float64)  # [m]
-        times = np.array([self._mean[int(k)] for k in sizes])  # [m] seconds
-        floor = float(times.min())
-        if len(sizes) == 1:
-            slope = float(times[0] * DEFAULT_SLOPE / (1 + DEFAULT_SLOPE * (sizes[0] - 1)))
-            return float(times[0] - slope * sizes[0]), slope, 0.0
-        dx = sizes - sizes.mean()
-        slope = float(dx @ (times - times.mean()) / (dx @ dx))
-        return float(times.mean() - slope * sizes.mean()), slope, floor
+    def _refit(self) -> _Fit:
+        sizes = sorted(self._mean)
+        cap = 1.0 / (1.0 - self.decay)  # a running mean weighs about this many recent passes
+        weights = [min(float(self._count[k]), cap) for k in sizes]
+        return _Fit.of(sizes, nondecreasing([self._mean[k] for k in sizes], weights))
+
+
+def nondecreasing(values: list[float], weights: list[float]) -> list[float]:
+    """The weighted least-squares non-decreasing fit of ``values`` (isotonic regression, pool adjacent
+    violators): a run of values that decreases is replaced by its weighted mean."""
+    blocks: list[list[float]] = []  # [mean, weight, length]
+    for v, w in zip(values, weights, strict=True):
+        blocks.append([v, w, 1])
+        while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
+            (m1, w1, n1), (m2, w2, n2) = blocks.pop(-2), blocks.pop()
+            blocks.append([(m1 * w1 + m2 * w2) / (w1 + w2), w1 + w2, n1 + n2])
+    return [m for m, _, n in blocks for _ in range(int(n))]
+
+
+@dataclass(frozen=True)
+class _Fit:
+    """A cost curve from the measured sizes' means made non-decreasing (``fitted``): a bigger window
+    does more work, so a size measured dearer than a bigger one is timing noise (a pass slowed by
+    another process), which would otherwise keep that size from being chosen, and so re-measured,
+    for the rest of the model's life. Unmeasured sizes: the least-squares line through the fitted
+    points (one point: its line of ``DEFAULT_SLOPE``), held between the nearest measured sizes, and
+    below the smallest at the cheapest pass (one point: at 0)."""
+
+    sizes: tuple[int, ...]  # measured window sizes, ascending
+    fitted: tuple[float, ...]  # [len(sizes)] seconds, non-decreasing
+    intercept: float
+    slope: float
+    floor: float  # seconds: the least estimate below the smallest measured size
+
+    @staticmethod
+    def of(sizes: list[int], fitted: list[float]) -> _Fit:
+        x, y = np.array(sizes, np.float64), np.array(fitted, np.float64)  # [m], [m] seconds
+        if len(x) == 1:
+            slope = float(y[0] * DEFAULT_SLOPE / (1 + DEFAULT_SLOPE * (x[0] - 1)))
+        else:
+            dx = x - x.mean()
+            slope = float(dx @ (y - y.mean()) / (dx @ dx))
+        floor = float(y[0]) if len(x) > 1 else 0.0
+        return _Fit(tuple(sizes), tuple(fitted), float(y.mean() - slope * x.mean()), slope, floor)
+
+    def at(self, s: int) -> float:
+        i = bisect.bisect_left(self.sizes, s)
+        if i < len(self.sizes) and self.sizes[i] == s:
+            return self.fitted[i]
+        line = self.intercept + self.slope * s
+        below = self.fitted[i - 1] if i > 0 else self.floor  # no cheaper than a smaller measured window
+        above = self.fitted[i] if i < len(self.sizes) else float("inf")  # no dearer than a bigger one
+        return min(max(line, below), above)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from specrt.cost import DEFAULT_SLOPE, VerifyCostModel
+from specrt.cost import DEFAULT_SLOPE, VerifyCostModel, nondecreasing
 
 
 def test_nothing_measured_is_zero():
@@ -50,3 +50,45 @@ def test_estimates_follow_every_new_measurement():
     cost.record(3, 0.13)  # least squares through (1, 0.10), (3, 0.13), (9, 0.22): 0.085 + 0.015 s
     assert cost.estimate(7) == pytest.approx(0.19)
     assert cost.estimate(5) == pytest.approx(0.16)
+
+
+def test_nondecreasing_pools_each_decreasing_run_into_its_weighted_mean():
+    assert nondecreasing([1.0, 3.0, 2.0, 4.0], [1.0, 1.0, 1.0, 1.0]) == pytest.approx([1.0, 2.5, 2.5, 4.0])
+    assert nondecreasing([1.0, 3.0, 2.0, 4.0], [1.0, 1.0, 3.0, 1.0]) == pytest.approx([1.0, 2.25, 2.25, 4.0])
+    assert nondecreasing([5.0, 4.0, 3.0], [1.0, 1.0, 2.0]) == pytest.approx([3.75, 3.75, 3.75])
+    assert nondecreasing([1.0, 2.0, 2.0], [1.0, 1.0, 1.0]) == [1.0, 2.0, 2.0]
+
+
+def test_a_size_measured_once_in_a_slow_moment_is_pooled_with_a_bigger_cheaper_one():
+    # the benchmark's trace: 7 positions measured once at 86 ms while another process ran, 8
+    # positions at 59.5 ms over 15 passes; unpooled, 7 would look dearer than 8 for good
+    cost = VerifyCostModel()
+    cost.record(7, 0.086)
+    for _ in range(15):
+        cost.record(8, 0.0595)
+    pooled = (0.086 * 1 + 0.0595 * 10) / 11  # 8's running mean weighs at most 1 / (1 - decay) = 10 passes
+    assert cost.estimate(7) == pytest.approx(pooled)
+    assert cost.estimate(8) == pytest.approx(pooled)
+    for _ in range(3):
+        cost.record(7, 0.040)  # measured again, cheaper: each size has its own mean once the order holds
+    assert cost.estimate(7) == pytest.approx((0.086 + 3 * 0.040) / 4)  # the first passes are averaged
+    assert cost.estimate(8) == pytest.approx(0.0595)
+
+
+def test_the_first_passes_are_averaged_then_enter_an_exponential_mean():
+    cost = VerifyCostModel(decay=0.75)  # averaged up to 4 passes
+    for seconds in (0.08, 0.02, 0.02, 0.02):
+        cost.record(1, seconds)
+    assert cost.estimate(1) == pytest.approx(0.035)
+    cost.record(1, 0.055)
+    assert cost.estimate(1) == pytest.approx(0.75 * 0.035 + 0.25 * 0.055)
+
+
+def test_an_unmeasured_size_stays_between_the_measured_sizes_around_it():
+    cost = VerifyCostModel()
+    cost.record(1, 0.010)
+    cost.record(2, 0.030)
+    cost.record(9, 0.031)  # the line through the three: 0.0165 + 0.0017 s, 0.025 at 5
+    assert cost.estimate(5) == pytest.approx(0.030)  # never below the window of 2
+    cost.record(6, 0.030)
+    assert cost.estimate(3) == pytest.approx(0.030)  # between 2 and 6, both 0.030
