@@ -1,6 +1,8 @@
 // MatMulQ4 for AVX2 + FMA + F16C: the scalar definition's bits (matmul_q4.h), 8 columns per register.
 // Rows go through a half tile 4 at a time, sharing each block's weight load and unpack, so extra
-// rows of a window cost their multiply-adds and little else.
+// rows of a window cost their multiply-adds and little else; one or two rows (a single step, the
+// last rows of a window) go through the whole tile at once, sharing the activations' broadcasts
+// and the block's epilogue between its two halves, with two independent sums per row.
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -67,6 +69,24 @@ void quantize_rows(const float* x, int64_t k, int64_t row_begin, int64_t row_end
 
 namespace {
 
+// acc[i * stride] (+ bias) into columns column .. column + 7 (those below N) of rows r0 + i, i < count.
+void store_half(const Q4Weights& w, const __m256* acc, int count, int stride, int64_t r0, int64_t column, float* y) {
+  const int64_t columns = w.n - column < 8 ? w.n - column : 8;
+  alignas(32) float lanes[8] = {};
+  if (w.bias) std::memcpy(lanes, w.bias + column, static_cast<size_t>(columns) * sizeof(float));
+  const __m256 bias = _mm256_load_ps(lanes);
+  for (int r = 0; r < count; ++r) {
+    const __m256 out = w.bias ? _mm256_add_ps(acc[r * stride], bias) : acc[r * stride];
+    float* dst = y + (r0 + r) * w.n + column;
+    if (columns == 8) {
+      _mm256_storeu_ps(dst, out);
+    } else {
+      _mm256_store_ps(lanes, out);
+      std::memcpy(dst, lanes, static_cast<size_t>(columns) * sizeof(float));
+    }
+  }
+}
+
 // Rows r0 .. r0 + R - 1, the 8 columns of half `half` of tile t, into y. Per block the weights are
 // loaded and unpacked once for the R rows; sums and accumulators stay in registers. Not inlined:
 // each row count gets its own tight loop, which profiles name.
@@ -102,40 +122,70 @@ __attribute__((noinline)) void half_tile(const Q4Weights& w, const QuantizedRows
       acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_mul_ps(scale, _mm256_set1_ps(rows.dx[at])), acc[r]);
     }
   }
-  const int64_t column = t * kQ4Tile + 8 * half, columns = w.n - column < 8 ? w.n - column : 8;
-  if (w.bias) {
-    alignas(32) float lanes[8] = {};
-    std::memcpy(lanes, w.bias + column, static_cast<size_t>(columns) * sizeof(float));
-    const __m256 bias = _mm256_load_ps(lanes);
-    for (int r = 0; r < R; ++r) acc[r] = _mm256_add_ps(acc[r], bias);
-  }
-  for (int r = 0; r < R; ++r) {
-    float* out = y + (r0 + r) * w.n + column;
-    if (columns == 8) {
-      _mm256_storeu_ps(out, acc[r]);
-    } else {
-      alignas(32) float lanes[8];
-      _mm256_store_ps(lanes, acc[r]);
-      std::memcpy(out, lanes, static_cast<size_t>(columns) * sizeof(float));
+  store_half(w, acc, R, 1, r0, t * kQ4Tile + 8 * half, y);
+}
+
+// Rows r0 .. r0 + R - 1, both halves of tile t, into y: the same float chains as half_tile's, with each
+// block's activation broadcasts and epilogue loads shared by the halves. R <= 2: 4 registers a row.
+template <int R>
+__attribute__((noinline)) void whole_tile(const Q4Weights& w, const QuantizedRows& rows, int64_t r0, int64_t t, float* y) {
+  const int64_t blocks = w.k / kQ4Block;
+  const __m256i nibble = _mm256_set1_epi8(0x0F);
+  const __m256i ones = _mm256_set1_epi16(1);
+  const uint8_t* packed = w.packed + t * blocks * kQ4TileBytes;
+  const uint16_t* scales = w.scales + t * blocks * kQ4Tile;
+  __m256 acc[2 * R];  // row r, half h: acc[2 * r + h]
+  for (int i = 0; i < 2 * R; ++i) acc[i] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < blocks; ++b) {
+    __m256i sums[R][2];  // 16-bit pair sums per half, as half_tile's
+    for (int r = 0; r < R; ++r) sums[r][0] = sums[r][1] = _mm256_setzero_si256();
+    for (int g = 0; g < 4; ++g) {
+      const uint8_t* line = packed + b * kQ4TileBytes + 64 * g;
+      _mm_prefetch(reinterpret_cast<const char*>(line + kQ4PrefetchAhead), _MM_HINT_T0);
+      __m256i low[2], high[2];
+      for (int h = 0; h < 2; ++h) {
+        const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(line + 32 * h));
+        low[h] = _mm256_and_si256(v, nibble);
+        high[h] = _mm256_and_si256(_mm256_srli_epi16(v, 4), nibble);
+      }
+      for (int r = 0; r < R; ++r) {
+        const int8_t* a = rows.xq + (r0 + r) * w.k + b * kQ4Block + 8 * g;
+        const __m256i a_low = _mm256_set1_epi32(load32(a)), a_high = _mm256_set1_epi32(load32(a + 4));
+        for (int h = 0; h < 2; ++h)  // integer sums: exact in any order
+          sums[r][h] = _mm256_add_epi16(sums[r][h], _mm256_add_epi16(_mm256_maddubs_epi16(low[h], a_low),
+                                                                     _mm256_maddubs_epi16(high[h], a_high)));
+        asm("" : "+x"(sums[r][0]), "+x"(sums[r][1]));  // as in half_tile
+      }
+    }
+    __m256 scale[2];
+    for (int h = 0; h < 2; ++h)
+      scale[h] = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(scales + b * kQ4Tile + 8 * h)));
+    for (int r = 0; r < R; ++r) {
+      const int64_t at = (r0 + r) * blocks + b;
+      const __m256i offset = _mm256_set1_epi32(rows.offset[at]);
+      const __m256 dx = _mm256_set1_ps(rows.dx[at]);
+      for (int h = 0; h < 2; ++h) {
+        const __m256i dot = _mm256_sub_epi32(_mm256_madd_epi16(sums[r][h], ones), offset);
+        acc[2 * r + h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_mul_ps(scale[h], dx), acc[2 * r + h]);
+      }
     }
   }
+  for (int h = 0; h < 2 && t * kQ4Tile + 8 * h < w.n; ++h) store_half(w, acc + h, R, 2, r0, t * kQ4Tile + 8 * h, y);
 }
 
 }  // namespace
 
 void matmul_q4(const Q4Weights& w, const QuantizedRows& rows, int64_t m, int64_t tile_begin, int64_t tile_end,
                float* y) {
-  for (int64_t t = tile_begin; t < tile_end; ++t)
+  const int64_t fours = m / 4 * 4, rest = m - fours;  // rows by half tiles of 4 (3 left: one of 3)
+  for (int64_t t = tile_begin; t < tile_end; ++t) {
     for (int64_t half = 0; half < 2 && t * kQ4Tile + 8 * half < w.n; ++half) {
-      int64_t r0 = 0;
-      for (; r0 + 4 <= m; r0 += 4) half_tile<4>(w, rows, r0, t, half, y);
-      switch (m - r0) {
-        case 3: half_tile<3>(w, rows, r0, t, half, y); break;
-        case 2: half_tile<2>(w, rows, r0, t, half, y); break;
-        case 1: half_tile<1>(w, rows, r0, t, half, y); break;
-        default: break;
-      }
+      for (int64_t r0 = 0; r0 < fours; r0 += 4) half_tile<4>(w, rows, r0, t, half, y);
+      if (rest == 3) half_tile<3>(w, rows, fours, t, half, y);
     }
+    if (rest == 2) whole_tile<2>(w, rows, fours, t, y);
+    if (rest == 1) whole_tile<1>(w, rows, fours, t, y);
+  }
 }
 
 }  // namespace specrt::avx2
