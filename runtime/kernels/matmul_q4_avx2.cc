@@ -128,7 +128,8 @@ __attribute__((noinline)) void half_tile(const Q4Weights& w, const QuantizedRows
 // Rows r0 .. r0 + R - 1, both halves of tile t, into y: the same float chains as half_tile's, with each
 // block's activation broadcasts and epilogue loads shared by the halves. R <= 2: 4 registers a row.
 template <int R>
-__attribute__((noinline)) void whole_tile(const Q4Weights& w, const QuantizedRows& rows, int64_t r0, int64_t t, float* y) {
+__attribute__((noinline)) void whole_tile(const Q4Weights& w, const QuantizedRows& rows, int64_t r0, int64_t t,
+                                          float* y) {
   const int64_t blocks = w.k / kQ4Block;
   const __m256i nibble = _mm256_set1_epi8(0x0F);
   const __m256i ones = _mm256_set1_epi16(1);

@@ -62,6 +62,9 @@ namespace avx2 {
 void quantize_tokens(const float*, int64_t, int64_t, int64_t, const QuantizedTokens&);
 void matmul_w8a8(const W8Weights&, const QuantizedTokens&, int64_t, int64_t, int64_t, float*);
 }  // namespace avx2
+namespace avxvnni {  // AVX2 with AVX-VNNI; its activations: avx2::quantize_tokens
+void matmul_w8a8(const W8Weights&, const QuantizedTokens&, int64_t, int64_t, int64_t, float*);
+}  // namespace avxvnni
 namespace avx512 {
 void quantize_tokens(const float*, int64_t, int64_t, int64_t, const QuantizedTokens&);
 void matmul_w8a8(const W8Weights&, const QuantizedTokens&, int64_t, int64_t, int64_t, float*);

@@ -15,6 +15,7 @@ bool cpu_has(const char* isa) {
   if (std::strcmp(isa, "avx512vnni") == 0) return cpu_has("avx512") && __builtin_cpu_supports("avx512vnni");
   if (std::strcmp(isa, "avx512") == 0)
     return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("fma");
+  if (std::strcmp(isa, "avxvnni") == 0) return cpu_has("avx2") && __builtin_cpu_supports("avxvnni");
   if (std::strcmp(isa, "avx2") == 0)
     return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
 #endif
@@ -27,6 +28,10 @@ const Isa kIsas[] = {
      avx512::quantize_tokens, avx512vnni::matmul_w8a8},
     {"avx512", avx512::attend, avx512::swiglu, avx512::quantize_rows, avx512::matmul_q4,
      avx512::quantize_tokens, avx512::matmul_w8a8},
+    // AVX2 with AVX-VNNI, without AVX-512: the AVX2 kernels but MatMulW8A8's (MatMulQ4's 4-bit codes fit
+    // AVX2's 16-bit sums, where int8 weights need the sign trick)
+    {"avxvnni", avx2::attend, avx2::swiglu, avx2::quantize_rows, avx2::matmul_q4,
+     avx2::quantize_tokens, avxvnni::matmul_w8a8},
     {"avx2", avx2::attend, avx2::swiglu, avx2::quantize_rows, avx2::matmul_q4,
      avx2::quantize_tokens, avx2::matmul_w8a8},
 #endif
@@ -50,7 +55,8 @@ std::string choose_isa(const Isa** chosen) {
     *chosen = &isa;
     return "";
   }
-  return std::string("SPECRT_KERNEL_ISA=") + (wanted ? wanted : "") + ": expected scalar, avx2, avx512 or avx512vnni";
+  return std::string("SPECRT_KERNEL_ISA=") + (wanted ? wanted : "") +
+         ": expected scalar, avx2, avxvnni, avx512 or avx512vnni";
 }
 
 OrtStatus* fail(const char* op, const std::string& message) {
