@@ -15,9 +15,10 @@
 //
 // Work is split over onnxruntime's intra-op threads by (key/value head, group of query heads), a task
 // taking the window's rows in turn; a row's heads are computed by the same code whatever the split
-// (attention_impl.inc), so the thread count never changes a bit. The instruction set is the best this CPU has (AVX-512, AVX2 +
-// FMA, else portable scalar code), or the one named by SPECRT_KERNEL_ISA (scalar, avx2, avx512; avxvnni
-// and avx512vnni run the avx2 and avx512 attention); all three give the same bits (canonical.h).
+// (attention_impl.inc), so the thread count never changes a bit. The instruction set is the best
+// this CPU has (AVX-512, AVX2 + FMA, else portable scalar code), or the one named by
+// SPECRT_KERNEL_ISA (scalar, avx2, avx512; avxvnni and avx512vnni run the avx2 and avx512
+// attention); all three give the same bits (canonical.h).
 #include <cstring>
 #include <string>
 #include <vector>
