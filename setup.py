@@ -69,7 +69,7 @@ setup(
             sources=[str(KERNELS / name) for name in (
                 "ort_glue.cc", "spec_attention_op.cc", "rotary.cc", "kernel_scalar.cc", "kernel_avx2.cc", "kernel_avx512.cc",
                 "matmul_q4_op.cc", "matmul_q4_scalar.cc", "matmul_q4_avx2.cc", "matmul_q4_avx512.cc",
-                "matmul_q4_avx512vnni.cc", "matmul_w8a8_op.cc", "matmul_w8a8_scalar.cc", "matmul_w8a8_avx2.cc", "matmul_w8a8_avxvnni.cc",
+                "matmul_q4_avx512vnni.cc", "matmul_q4_amx.cc", "matmul_w8a8_op.cc", "matmul_w8a8_amx.cc", "matmul_w8a8_scalar.cc", "matmul_w8a8_avx2.cc", "matmul_w8a8_avxvnni.cc",
                 "matmul_w8a8_avx512.cc", "matmul_w8a8_avx512vnni.cc")],
             depends=[str(KERNELS / name) for name in (
                 "ort_glue.h", "intrinsics.h", "attention.h", "canonical.h", "attention_impl.inc", "matmul_q4.h", "matmul_q4_avx512.inc",

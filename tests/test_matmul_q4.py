@@ -163,7 +163,10 @@ def test_a_row_gets_the_same_bits_in_any_number_of_rows_and_threads(k_blocks, n,
         assert np.array_equal(single.run(None, {"x": x[r : r + 1]})[0][0], many[r]), r
 
 
-@pytest.mark.parametrize("k, n, rows, size", [(64, 48, 7, 1.0), (896, 4864 // 8, 9, 1.0),
+# amx: 5, 7, 9 and 12 rows in one pass of the tile unit, 29 in passes of 16 and 13, 18 and 33 in
+# passes of 16, then 2 and 1 rows on avx512vnni
+@pytest.mark.parametrize("k, n, rows, size", [(64, 48, 7, 1.0), (896, 4864 // 8, 9, 1.0), (96, 40, 12, 1.0),
+                                             (96, 40, 18, 1.0), (64, 48, 33, 1.0), (64, 48, 29, 1.0),
                                              (64, 48, 5, 1e-4)])  # 1e-4: float16 subnormal scales
 def test_every_instruction_set_gives_the_same_bits(monkeypatch, k, n, rows, size):
     available = isas()

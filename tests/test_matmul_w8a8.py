@@ -148,8 +148,10 @@ def test_a_row_gets_the_same_bits_in_any_number_of_rows_and_threads(k, n, rows, 
         assert np.array_equal(single.run(None, {"x": x[r : r + 1]})[0][0], many[r]), r
 
 
-@pytest.mark.parametrize("k, n, rows", [(64, 48, 7), (896, 4864 // 8, 9), (1028, 40, 3), (20, 33, 1),
-                                        (132, 24, 31)])  # 31 = 16 + 8 + 4 + 3: every row block
+# 31 = 16 + 8 + 4 + 3: every row block; amx (2 rows or more): K 1028 and 132 end in 4 k after whole
+# chunks of 64, K 20 is all rest, K 200 three chunks (an odd one) and 8 k; 33 rows: passes of 16, 16, 1
+@pytest.mark.parametrize("k, n, rows", [(64, 48, 7), (896, 4864 // 8, 9), (1028, 40, 10), (20, 33, 1),
+                                        (20, 33, 8), (132, 24, 31), (200, 40, 33)])
 def test_every_instruction_set_gives_the_same_bits(monkeypatch, k, n, rows):
     available = isas()
     assert "scalar" in available

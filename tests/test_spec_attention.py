@@ -185,7 +185,7 @@ def test_a_tree_row_equals_the_chain_row_on_its_path():
 def isas() -> list[str]:
     """The instruction sets this CPU can run the kernels with, scalar first."""
     have = []
-    for isa in ("scalar", "avx2", "avxvnni", "avx512", "avx512vnni"):
+    for isa in ("scalar", "avx2", "avxvnni", "avx512", "avx512vnni", "amx"):
         with pytest.MonkeyPatch.context() as mp:
             mp.setenv("SPECRT_KERNEL_ISA", isa)
             if kernels.describe()["isa"] == isa:
@@ -216,7 +216,8 @@ def test_an_unknown_instruction_set_is_refused(monkeypatch):
     monkeypatch.setenv("SPECRT_KERNEL_ISA", "sse9")
     options = ort.SessionOptions()
     kernels.register(options, required=True)
-    with pytest.raises(Exception, match="SPECRT_KERNEL_ISA=sse9: expected scalar, avx2, avxvnni, avx512 or avx512vnni"):
+    expected = "SPECRT_KERNEL_ISA=sse9: expected scalar, avx2, avxvnni, avx512, avx512vnni or amx"
+    with pytest.raises(Exception, match=expected):
         ort.InferenceSession(attention_graph(2, 1, 16, 0.25), options, providers=["CPUExecutionProvider"])
 
 

@@ -69,5 +69,11 @@ void matmul_q4(const Q4Weights&, const QuantizedRows&, int64_t, int64_t, int64_t
 namespace avx512vnni {
 void matmul_q4(const Q4Weights&, const QuantizedRows&, int64_t, int64_t, int64_t, float*);
 }  // namespace avx512vnni
+#if defined(__x86_64__) && defined(__linux__) && (__GNUC__ >= 11 || __clang_major__ >= 12)
+#define SPECRT_AMX_UNITS 1  // matmul_q4_amx.cc is built: the compiler has AMX, the OS grants it per process
+namespace amx {
+void matmul_q4(const Q4Weights&, const QuantizedRows&, int64_t, int64_t, int64_t, float*);
+}  // namespace amx
+#endif
 
 }  // namespace specrt

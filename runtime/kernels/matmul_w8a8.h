@@ -72,5 +72,11 @@ void matmul_w8a8(const W8Weights&, const QuantizedTokens&, int64_t, int64_t, int
 namespace avx512vnni {
 void matmul_w8a8(const W8Weights&, const QuantizedTokens&, int64_t, int64_t, int64_t, float*);
 }  // namespace avx512vnni
+#if defined(__x86_64__) && defined(__linux__) && (__GNUC__ >= 11 || __clang_major__ >= 12)
+#define SPECRT_AMX_UNITS 1  // matmul_w8a8_amx.cc is built (as in matmul_q4.h)
+namespace amx {  // its activations: avx512::quantize_tokens
+void matmul_w8a8(const W8Weights&, const QuantizedTokens&, int64_t, int64_t, int64_t, float*);
+}  // namespace amx
+#endif
 
 }  // namespace specrt

@@ -3,15 +3,40 @@
 
 #include <cstdlib>
 #include <cstring>
+#if defined(SPECRT_AMX_UNITS)
+#include <cpuid.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 
 namespace specrt {
 namespace {
 
 const OrtApi* g_api = nullptr;
 
+#if defined(SPECRT_AMX_UNITS)
+// AMX with int8 products: the CPU has it (CPUID 7.0 EDX bits 24, 25), the OS saves its state (XCR0
+// bits 17, 18) and grants this process the tile data (Linux: arch_prctl ARCH_REQ_XCOMP_PERM for
+// XFEATURE_XTILEDATA; once granted, for every thread of the process).
+bool amx_granted() {
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  if (!__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx) || !(edx & (1u << 24)) || !(edx & (1u << 25))) return false;
+  if (!__get_cpuid(1, &eax, &ebx, &ecx, &edx) || !(ecx & (1u << 27))) return false;  // OSXSAVE: xgetbv works
+  unsigned lo = 0, hi = 0;
+  __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+  if ((lo & (3u << 17)) != (3u << 17)) return false;
+  constexpr long kArchReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
+  static const bool granted = syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
+  return granted;
+}
+#endif
+
 bool cpu_has(const char* isa) {
 #if defined(__x86_64__) || defined(__i386__)
   __builtin_cpu_init();
+#if defined(SPECRT_AMX_UNITS)
+  if (std::strcmp(isa, "amx") == 0) return cpu_has("avx512vnni") && amx_granted();
+#endif
   if (std::strcmp(isa, "avx512vnni") == 0) return cpu_has("avx512") && __builtin_cpu_supports("avx512vnni");
   if (std::strcmp(isa, "avx512") == 0)
     return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("fma");
@@ -23,6 +48,11 @@ bool cpu_has(const char* isa) {
 }
 
 const Isa kIsas[] = {
+#if defined(SPECRT_AMX_UNITS)
+    // AVX-512 VNNI with AMX: MatMulW8A8, and MatMulQ4's passes of 12 rows or more, on the tile unit
+    {"amx", avx512::attend, avx512::swiglu, avx512::quantize_rows, amx::matmul_q4,
+     avx512::quantize_tokens, amx::matmul_w8a8},
+#endif
 #if defined(__x86_64__) || defined(__i386__)
     {"avx512vnni", avx512::attend, avx512::swiglu, avx512::quantize_rows, avx512vnni::matmul_q4,
      avx512::quantize_tokens, avx512vnni::matmul_w8a8},
@@ -56,7 +86,7 @@ std::string choose_isa(const Isa** chosen) {
     return "";
   }
   return std::string("SPECRT_KERNEL_ISA=") + (wanted ? wanted : "") +
-         ": expected scalar, avx2, avxvnni, avx512 or avx512vnni";
+         ": expected scalar, avx2, avxvnni, avx512, avx512vnni or amx";
 }
 
 OrtStatus* fail(const char* op, const std::string& message) {
