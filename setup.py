@@ -73,7 +73,7 @@ setup(
                 "matmul_w8a8_avx512.cc", "matmul_w8a8_avx512vnni.cc")],
             depends=[str(KERNELS / name) for name in (
                 "ort_glue.h", "intrinsics.h", "attention.h", "canonical.h", "attention_impl.inc", "matmul_q4.h", "matmul_q4_avx512.inc",
-                "matmul_w8a8.h", "matmul_w8a8_avx512.inc")],
+                "matmul_w8a8.h", "matmul_w8a8_avx512.inc", "amx.h", "amx_tiles.inc")],
             language="c++",
             # -ffp-contract=off: no multiply-add is fused unless the code says so, in every unit alike
             extra_compile_args=["-std=c++17", "-O3", "-ffp-contract=off", "-fno-math-errno"],

@@ -24,6 +24,8 @@
 
 #include <cstdint>
 
+#include "amx.h"
+
 namespace specrt {
 
 constexpr int64_t kQ4Block = 32;       // k per scale
@@ -69,8 +71,7 @@ void matmul_q4(const Q4Weights&, const QuantizedRows&, int64_t, int64_t, int64_t
 namespace avx512vnni {
 void matmul_q4(const Q4Weights&, const QuantizedRows&, int64_t, int64_t, int64_t, float*);
 }  // namespace avx512vnni
-#if defined(__x86_64__) && defined(__linux__) && (__GNUC__ >= 11 || __clang_major__ >= 12)
-#define SPECRT_AMX_UNITS 1  // matmul_q4_amx.cc is built: the compiler has AMX, the OS grants it per process
+#if defined(SPECRT_AMX_UNITS)
 namespace amx {
 void matmul_q4(const Q4Weights&, const QuantizedRows&, int64_t, int64_t, int64_t, float*);
 }  // namespace amx

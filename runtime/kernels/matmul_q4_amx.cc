@@ -17,7 +17,9 @@
 // steps and windows of 2 to 4 rows run as on avx512vnni.
 #include <cstdint>
 #include <cstring>
-#if defined(__x86_64__) && defined(__linux__) && (__GNUC__ >= 11 || __clang_major__ >= 12)
+
+#include "amx.h"
+#if defined(SPECRT_AMX_UNITS)
 #include <immintrin.h>
 
 #include "matmul_q4.h"
@@ -27,7 +29,8 @@
 namespace specrt::amx {
 namespace {
 
-constexpr int kRowsPerPass = 16;  // the tile unit's most rows
+#include "amx_tiles.inc"
+
 // Passes of fewer rows go through avx512vnni::matmul_q4: a block costs the tile unit about the same
 // whatever the rows (B's unpack and load, the product, C's store), which fewer rows' vpdpbusd beat
 // (whole decoder, 4 rows: 19.1 ms on VNNI, 19.6 on tiles; 5 rows: 21.4 and 21.0; command and
@@ -37,25 +40,12 @@ constexpr int64_t kTileMinRows = 5;
 // buffer waits for them to reach the cache, which stalled every block when B was unpacked just before
 constexpr int64_t kStageAhead = 4, kStaged = 8;
 
-// Tiles, in the palette-1 configuration that configure() loads for a pass of R rows: consecutive
-// blocks alternate between two sets, A 0 / B 1 / C 2 and A 3 / B 4 / C 5, so that a block's loads
-// and product do not reuse the registers of the block before it, whose C is still being stored.
-struct alignas(64) TileConfig {
-  uint8_t palette = 1;
-  uint8_t start_row = 0;
-  uint8_t reserved[14] = {};
-  uint16_t bytes_per_row[16] = {};
-  uint8_t rows[16] = {};
-};
-
-void configure(int r) {
-  TileConfig config;
-  const int shapes[6][2] = {{r, 32}, {8, 64}, {r, 64}, {r, 32}, {8, 64}, {r, 64}};
-  for (int tile = 0; tile < 6; ++tile) {
-    config.rows[tile] = static_cast<uint8_t>(shapes[tile][0]);
-    config.bytes_per_row[tile] = static_cast<uint16_t>(shapes[tile][1]);
-  }
-  _tile_loadconfig(&config);
+// Tiles for a pass of r rows: consecutive blocks alternate between two sets, A 0 / B 1 / C 2 and
+// A 3 / B 4 / C 5, so that a block's loads and product do not reuse the registers of the block
+// before it, whose C is still being stored.
+void configure(int64_t r) {
+  const int64_t shapes[6][2] = {{r, 32}, {8, 64}, {r, 64}, {r, 32}, {8, 64}, {r, 64}};
+  configure_tiles(shapes, 6);
 }
 
 // C = tdpbssd(A, B) for one block, in tile set kSet: A read from `a` (stride `stride` bytes), B from

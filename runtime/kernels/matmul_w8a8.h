@@ -26,6 +26,8 @@
 
 #include <cstdint>
 
+#include "amx.h"
+
 namespace specrt {
 
 constexpr int64_t kW8Tile = 16;        // columns per tile
@@ -72,8 +74,7 @@ void matmul_w8a8(const W8Weights&, const QuantizedTokens&, int64_t, int64_t, int
 namespace avx512vnni {
 void matmul_w8a8(const W8Weights&, const QuantizedTokens&, int64_t, int64_t, int64_t, float*);
 }  // namespace avx512vnni
-#if defined(__x86_64__) && defined(__linux__) && (__GNUC__ >= 11 || __clang_major__ >= 12)
-#define SPECRT_AMX_UNITS 1  // matmul_w8a8_amx.cc is built (as in matmul_q4.h)
+#if defined(SPECRT_AMX_UNITS)
 namespace amx {  // its activations: avx512::quantize_tokens
 void matmul_w8a8(const W8Weights&, const QuantizedTokens&, int64_t, int64_t, int64_t, float*);
 }  // namespace amx

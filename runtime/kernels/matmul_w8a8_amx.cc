@@ -14,7 +14,9 @@
 // (+ bias): a row's output has the same bits on every instruction set, in a pass of any size.
 #include <cstdint>
 #include <cstring>
-#if defined(__x86_64__) && defined(__linux__) && (__GNUC__ >= 11 || __clang_major__ >= 12)
+
+#include "amx.h"
+#if defined(SPECRT_AMX_UNITS)
 #include <immintrin.h>
 
 #include "matmul_w8a8.h"
@@ -24,33 +26,21 @@
 namespace specrt::amx {
 namespace {
 
-constexpr int kRowsPerPass = 16;   // the tile unit's most rows
+#include "amx_tiles.inc"
+
 // A single row goes through avx512vnni::matmul_w8a8 (the same bits): the weights' stream sets its
 // pace, which the VNNI loop keeps better than tile loads (whole int8 decoder: 21.7-23.8 ms a single
 // step against 24.2-26.7 on tiles; docs/kernels.md, "On AMX")
 constexpr int64_t kTileMinRows = 2;
 constexpr int64_t kChunk = 64;     // k per product: a row of A, 16 groups of B
 constexpr int64_t kPrefetchAhead = 4096;  // bytes of B ahead of its tile loads asked of the cache
-// Tiles: 0, 1 C0 and C1; 2, 3 A and B of even chunks; 4, 5 of odd chunks; 6, 7 A and B of the last
-// k % 64 (configured only when K has such a rest).
-struct alignas(64) TileConfig {
-  uint8_t palette = 1;
-  uint8_t start_row = 0;
-  uint8_t reserved[14] = {};
-  uint16_t bytes_per_row[16] = {};
-  uint8_t rows[16] = {};
-};
 
-void configure(int r, int64_t rest_k) {
-  TileConfig config;
+// Tiles for a pass of r rows: 0, 1 C0 and C1; 2, 3 A and B of even chunks; 4, 5 of odd chunks;
+// 6, 7 A and B of the last k % 64 (configured only when K has such a rest).
+void configure(int64_t r, int64_t rest_k) {
   const int64_t shapes[8][2] = {{r, 64}, {r, 64}, {r, kChunk}, {16, 64}, {r, kChunk},
                                 {16, 64}, {r, rest_k}, {rest_k / kW8Group, 64}};
-  for (int tile = 0; tile < 8; ++tile) {
-    if (shapes[tile][0] == 0 || shapes[tile][1] == 0) continue;  // no rest: tiles 6 and 7 unconfigured
-    config.rows[tile] = static_cast<uint8_t>(shapes[tile][0]);
-    config.bytes_per_row[tile] = static_cast<uint16_t>(shapes[tile][1]);
-  }
-  _tile_loadconfig(&config);
+  configure_tiles(shapes, 8);
 }
 
 // Rows r0 .. r0 + r - 1 of tile t into y (tiles configured for r rows).
