@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from specrt.errors import InvalidRequestError
-from specrt.sampling import SamplingParams, sample, target_probs
+from specrt.sampling import SamplingParams, TargetRows, sample, target_probs
 
 
 def logits_of(probs: list[float]) -> np.ndarray:
@@ -161,3 +161,19 @@ def test_sample_frequencies_follow_p():
     p = np.array([0.1, 0.2, 0.7])
     counts = np.bincount([sample(p, rng) for _ in range(20_000)], minlength=3)
     np.testing.assert_allclose(counts / 20_000, p, atol=5 * math.sqrt(0.25 / 20_000))
+
+
+@pytest.mark.parametrize("params", [SamplingParams(temperature=0.7), SamplingParams(temperature=1.3, top_k=50),
+                                    SamplingParams(temperature=1.0, top_p=0.9),
+                                    SamplingParams(temperature=0.8, top_k=200, top_p=0.95)])
+def test_target_rows_are_the_batched_rows_bit_for_bit(params):
+    rng = np.random.default_rng(7)
+    logits = (rng.standard_normal((5, 4099)) * 4).astype(np.float32)  # [slots, vocab], an odd vocab
+    batched = target_probs(logits, params)
+    rows = TargetRows(logits, params)
+    assert len(rows) == 5 and rows.computed == []
+    for slot in (3, 0, 4, 3):  # any order; a row read twice is computed once
+        assert np.array_equal(rows[slot], batched[slot]), slot
+    assert rows.computed == [0, 3, 4]
+    with pytest.raises(IndexError, match=r"window slot 5 out of range \[0, 5\)"):
+        rows[5]

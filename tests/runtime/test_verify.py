@@ -7,8 +7,9 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from specrt.engine.accept import Walk, walk_greedy, walk_sampling
-from specrt.sampling import sample
+from specrt import sampling
+from specrt.engine.accept import Verifier, Walk, walk_greedy, walk_sampling
+from specrt.sampling import SamplingParams, sample, target_probs
 from specrt.tree import DraftTree
 from tests.helpers import chi2_pvalue, chi2_sf
 
@@ -114,6 +115,43 @@ def test_walk_sampling_empty_tree_samples_from_root():
     walk = walk_sampling(DraftTree.empty(), np.array([[0.0, 0.0, 1.0]]), np.random.default_rng(0))
     assert walk.path.tolist() == []
     assert walk.emitted.tolist() == [2]
+
+
+def test_verify_of_a_deterministic_draft_computes_only_the_rows_it_walks(monkeypatch):
+    # slot 0 (the root) puts no mass on token 0, so the chain [0, 1, 2] is rejected at its first
+    # node: of the window's 4 rows only the root's is turned into probabilities; the walk is the one
+    # over the whole matrix, with the same random numbers
+    rng = np.random.default_rng(3)
+    logits = rng.standard_normal((4, 50)).astype(np.float32)
+    logits[0, 0] = -1e30
+    params = SamplingParams(temperature=0.9, top_p=0.95)
+    computed = []
+
+    def counted(rows, p):
+        computed.append(len(rows))
+        return target_probs(rows, p)
+
+    monkeypatch.setattr(sampling, "target_probs", counted)
+    tree = DraftTree.chain([0, 1, 2])
+    walk = Verifier().verify(tree, logits, params, np.random.default_rng(11))
+    assert computed == [1]
+    want = walk_sampling(tree, target_probs(logits, params), np.random.default_rng(11))
+    assert walk.path.tolist() == want.path.tolist() == [] and walk.emitted.tolist() == want.emitted.tolist()
+
+
+def test_verify_of_a_deterministic_draft_walks_as_the_whole_matrix_does():
+    # random trees and logits: Verifier.verify (rows computed as reached) against walk_sampling on
+    # target_probs of the whole window, the same seed: the same path and the same tokens
+    rng = np.random.default_rng(5)
+    for trial in range(40):
+        n = int(rng.integers(1, 9))
+        parents = np.array([int(rng.integers(-1, i)) for i in range(n)])
+        tree = DraftTree(rng.integers(0, 6, n), parents)
+        logits = (rng.standard_normal((n + 1, 6)) * 2).astype(np.float32)
+        params = SamplingParams(temperature=float(rng.uniform(0.5, 1.5)))
+        walk = Verifier().verify(tree, logits, params, np.random.default_rng(trial))
+        want = walk_sampling(tree, target_probs(logits, params), np.random.default_rng(trial))
+        assert walk.path.tolist() == want.path.tolist() and walk.emitted.tolist() == want.emitted.tolist(), trial
 
 
 # ---------------------------------------------------------------------------------------------

@@ -95,7 +95,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from specrt.errors import InvalidRequestError
-from specrt.sampling import SamplingParams, sample, target_probs
+from specrt.sampling import SamplingParams, TargetRows, sample, target_probs
 from specrt.tree import DraftTree
 
 
@@ -133,12 +133,13 @@ def walk_greedy(tree: DraftTree, target_next: np.ndarray) -> Walk:
         path.append(node)
 
 
-def walk_sampling(tree: DraftTree, probs: np.ndarray, rng: np.random.Generator) -> Walk:
+def walk_sampling(tree: DraftTree, probs: np.ndarray | TargetRows, rng: np.random.Generator) -> Walk:
     """Lossless acceptance for deterministic drafts (a point mass per drafted token).
 
-    probs: [n + 1, vocab] target distribution per window slot. At each node the children are tried
-    in order; child x is accepted with probability r(x) / sum(r), where r is the residual target
-    distribution (the target's p with every rejected sibling zeroed), else r(x) := 0. If all are
+    probs: [n + 1, vocab] target distribution per window slot, read a slot at a time (a TargetRows
+    computes only the slots the walk reaches). At each node the children are tried in order; child x
+    is accepted with probability r(x) / sum(r), where r is the residual target distribution (the
+    target's p with every rejected sibling zeroed), else r(x) := 0. If all are
     rejected the recovered token is drawn from r; at a leaf the bonus token is drawn from p. This
     is recursive rejection sampling with q = delta(x): the emitted token is distributed as p.
     """
@@ -348,6 +349,8 @@ class Verifier:
         target's per window slot; ``sampling`` warps them into p."""
         if sampling.greedy:
             walk = walk_greedy(tree, np.argmax(logits, axis=-1))
+        elif tree.draft_probs is None and self.resume is None:  # a deterministic draft: the rows it walks
+            walk = walk_sampling(tree, TargetRows(logits, sampling), rng)
         else:
             walk = self.walk(tree, target_probs(logits, sampling), rng)
         last = int(walk.path[-1]) if len(walk.path) else -1
