@@ -49,7 +49,7 @@ bool cpu_has(const char* isa) {
 
 const Isa kIsas[] = {
 #if defined(SPECRT_AMX_UNITS)
-    // AVX-512 VNNI with AMX: MatMulW8A8, and MatMulQ4's passes of 12 rows or more, on the tile unit
+    // AVX-512 VNNI with AMX: MatMulW8A8 from 2 rows and MatMulQ4 from 5 rows on the tile unit
     {"amx", avx512::attend, avx512::swiglu, avx512::quantize_rows, amx::matmul_q4,
      avx512::quantize_tokens, amx::matmul_w8a8},
 #endif

@@ -139,9 +139,9 @@ def walk_sampling(tree: DraftTree, probs: np.ndarray | TargetRows, rng: np.rando
     probs: [n + 1, vocab] target distribution per window slot, read a slot at a time (a TargetRows
     computes only the slots the walk reaches). At each node the children are tried in order; child x
     is accepted with probability r(x) / sum(r), where r is the residual target distribution (the
-    target's p with every rejected sibling zeroed), else r(x) := 0. If all are
-    rejected the recovered token is drawn from r; at a leaf the bonus token is drawn from p. This
-    is recursive rejection sampling with q = delta(x): the emitted token is distributed as p.
+    target's p with every rejected sibling zeroed), else r(x) := 0. If all are rejected the
+    recovered token is drawn from r; at a leaf the bonus token is drawn from p. This is recursive
+    rejection sampling with q = delta(x): the emitted token is distributed as p.
     """
     path, emitted, node = [], [], -1
     while True:
