@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from specrt import sampling
-from specrt.engine.accept import Verifier, Walk, walk_greedy, walk_sampling
+from specrt.engine.accept import SlotArgmax, Verifier, Walk, walk_greedy, walk_sampling
 from specrt.sampling import SamplingParams, sample, target_probs
 from specrt.tree import DraftTree
 from tests.helpers import chi2_pvalue, chi2_sf
@@ -74,6 +74,25 @@ def test_walk_greedy_rejects_root_children():
     walk = walk_greedy(tree, target_next=np.array([6, 0, 0]))
     assert walk.path.tolist() == []  # nothing accepted
     assert walk.emitted.tolist() == [6]  # only the recovered token
+
+
+def test_a_greedy_verify_reads_only_the_slots_its_walk_reaches():
+    # random trees and logits: Verifier.verify (an argmax per slot reached) against walk_greedy on
+    # the whole window's argmax; a walk reads 1 + its accepted nodes of the n + 1 slots
+    rng = np.random.default_rng(9)
+    greedy = SamplingParams()
+    for trial in range(60):
+        n = int(rng.integers(1, 9))
+        parents = np.array([int(rng.integers(-1, i)) for i in range(n)])
+        tree = DraftTree(rng.integers(0, 3, n), parents)
+        logits = rng.standard_normal((n + 1, 3)).astype(np.float32)
+        logits[int(rng.integers(0, n + 1)), :] = 0.5  # a slot of ties: the first maximum, as argmax
+        want = walk_greedy(tree, np.argmax(logits, axis=-1))
+        walk = Verifier().verify(tree, logits, greedy, np.random.default_rng(0))
+        assert walk.path.tolist() == want.path.tolist() and walk.emitted.tolist() == want.emitted.tolist(), trial
+        slots = SlotArgmax(logits)
+        walk_greedy(tree, slots)
+        assert slots.computed == [0, *(walk.path + 1).tolist()], trial
 
 
 def test_walk_greedy_empty_tree():

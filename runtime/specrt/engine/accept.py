@@ -120,8 +120,28 @@ class Walk:
         return int(self.emitted[-1]) if self.bonus else None
 
 
-def walk_greedy(tree: DraftTree, target_next: np.ndarray) -> Walk:
-    """Follow the target's argmax down the tree. target_next: [n + 1] argmax per window slot."""
+class SlotArgmax:
+    """``argmax(logits, axis=-1)`` of a window, a slot at a time: the greedy walk reads the slots along
+    its path, 1 + the accepted drafts, and a slot's argmax over a 151,936-token vocabulary is a pass
+    over 600 KB of logits. The same index as the whole window's argmax (the first maximum)."""
+
+    def __init__(self, logits: np.ndarray):
+        self.logits = logits  # [n, vocab]
+        self.computed: list[int] = []  # slots read so far, in order
+
+    def __len__(self) -> int:
+        return len(self.logits)
+
+    def __getitem__(self, slot: int) -> int:
+        if not 0 <= slot < len(self.logits):
+            raise IndexError(f"window slot {slot} out of range [0, {len(self.logits)})")
+        self.computed.append(slot)
+        return int(np.argmax(self.logits[slot]))
+
+
+def walk_greedy(tree: DraftTree, target_next: np.ndarray | SlotArgmax) -> Walk:
+    """Follow the target's argmax down the tree. target_next: [n + 1] argmax per window slot, read a
+    slot at a time (a SlotArgmax computes only the slots the walk reaches)."""
     path, emitted, node = [], [], -1
     while True:
         want = int(target_next[node + 1])
@@ -348,7 +368,7 @@ class Verifier:
         """The walk of one verify window (the module docstring's table). logits: [n + 1, vocab] the
         target's per window slot; ``sampling`` warps them into p."""
         if sampling.greedy:
-            walk = walk_greedy(tree, np.argmax(logits, axis=-1))
+            walk = walk_greedy(tree, SlotArgmax(logits))
         elif tree.draft_probs is None and self.resume is None:  # a deterministic draft: the rows it walks
             walk = walk_sampling(tree, TargetRows(logits, sampling), rng)
         else:
