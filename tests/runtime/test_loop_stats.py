@@ -9,7 +9,8 @@ from tests.helpers import PROMPTS
 def test_tokens_per_step_counts_the_bonus_token_and_accepted_drafts_do_not(runtime_qwen2):
     model = specrt.load(runtime_qwen2)
     prompt = PROMPTS[0] * 3  # repeated text: prompt lookup finds drafts that the model accepts
-    stats = model.generate(prompt, method="pld", max_new_tokens=40).stats
+    # the back-off off: whether it verifies depends on measured pass times, which a busy machine skews
+    stats = model.generate(prompt, method="pld", max_new_tokens=40, backoff=False).stats
     assert stats["accepted"] > 0 and stats["steps"] > 0
     assert stats["mean_tokens_per_step"] == round((stats["new_tokens"] - 1) / stats["steps"], 4)  # tau
     assert stats["mean_accepted_drafts_per_step"] == round(stats["accepted"] / stats["steps"], 4)
