@@ -369,16 +369,16 @@ class Verifier:
         target's per window slot; ``sampling`` warps them into p."""
         if sampling.greedy:
             walk = walk_greedy(tree, SlotArgmax(logits))
-        elif tree.draft_probs is None and self.resume is None:  # a deterministic draft: the rows it walks
-            walk = walk_sampling(tree, TargetRows(logits, sampling), rng)
-        else:
-            walk = self.walk(tree, target_probs(logits, sampling), rng)
+        else:  # a deterministic draft's walk reads only the rows it reaches; the others read them all
+            lazy = tree.draft_probs is None and self.resume is None
+            walk = self.walk(tree, TargetRows(logits, sampling) if lazy else target_probs(logits, sampling), rng)
         last = int(walk.path[-1]) if len(walk.path) else -1
         return replace(walk, bonus=len(tree.children(last)) == 0)
 
-    def walk(self, tree: DraftTree, probs: np.ndarray, rng: np.random.Generator) -> Walk:
+    def walk(self, tree: DraftTree, probs: np.ndarray | TargetRows, rng: np.random.Generator) -> Walk:
         """The sampling half of :meth:`verify`. probs: [n + 1, vocab] the target's distribution per
-        window slot."""
+        window slot (a TargetRows only for a deterministic draft outside an open HSD block, whose
+        walk reads a slot at a time)."""
         q = tree.draft_probs
         if self.resume is not None:
             chain = first_child_path(tree)
