@@ -65,7 +65,11 @@ inline float reduce(V16 a) {
 //   c[r]  quarter i: s8 l + (l + 4) of vector 4r + i                           (s4 of four)
 //   e[u]  per quarter: s4 0 + 2, 1 + 3 of two vectors; f: their sums, vector 4j + i in lane 4i + j
 constexpr int kDotBlock = 16;
-constexpr int kValueHeads = 4;  // heads whose weighted values share each value row's load
+// heads whose weighted values share each value row's loads, and chunks of 16 lanes a pass over the
+// rows: 8 x 2 accumulators, 2 values and a weight fit the 32 registers, so a group of up to 8 heads
+// reads each value row once
+constexpr int kValueHeads = 8;
+constexpr int kValueChunks = 2;
 inline void reduce_block(const V16* a, float scale, const float* bias, float* out) {
   __m512 b[8], c[4];
   for (int p = 0; p < 8; ++p)
@@ -140,7 +144,9 @@ inline float reduce(V16 a) {
 // (see AVX-512's): s8 per vector, s4 of two per register, s2 and the sums of all four (in the lane
 // order 0, 2 | 1, 3 of the two halves, which the unpack puts back in order)
 constexpr int kDotBlock = 4;
-constexpr int kValueHeads = 2;
+// 6 x 1 accumulators (two registers each), a value and a weight fit the 16 registers
+constexpr int kValueHeads = 6;
+constexpr int kValueChunks = 1;
 inline void reduce_block(const V16* a, float scale, const float* bias, float* out) {
   __m256 s8[4];
   for (int i = 0; i < 4; ++i) s8[i] = _mm256_add_ps(a[i].lo, a[i].hi);
@@ -230,6 +236,7 @@ inline float reduce(V16 a) {
 }
 constexpr int kDotBlock = 4;
 constexpr int kValueHeads = 2;
+constexpr int kValueChunks = 4;
 inline void reduce_block(const V16* a, float scale, const float* bias, float* out) {
   for (int i = 0; i < kDotBlock; ++i) out[i] = reduce(a[i]) * scale + bias[i];
 }
