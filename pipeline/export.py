@@ -188,7 +188,7 @@ def _write_artifact(
         log.info("gate: not run on %s (its section's variants: %s)", variant, gate["variants"])
 
     inputs, outputs = contract.io_table(dims.num_layers, dims.kv_heads, dims.head_dim, dims.hidden, dims.vocab,
-                                        image_embeds=vision is not None)
+                                        image_embeds=vision is not None, logits_index=True)
     files = {p.name: file_entry(p) for p in sorted(out.iterdir()) if p.name != MANIFEST_NAME}
     manifest = Manifest(
         name=name,

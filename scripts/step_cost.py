@@ -43,6 +43,8 @@ def _feeds(session: ort.InferenceSession, past: int, kv_heads: int, head_dim: in
             feeds[i.name] = np.zeros((1, 1, 1, past + 1), np.float32)
         elif i.name == "attention_mask":
             feeds[i.name] = np.ones((1, past + 1), np.int64)
+        elif i.name == "logits_index":  # specrt graphs that compute the logits of the rows asked for
+            feeds[i.name] = np.zeros(1, np.int64)
         else:  # past K/V: genai [1, kv, past, d], specrt [1, past, kv, d]
             shape = (1, kv_heads, past, head_dim) if genai else (1, past, kv_heads, head_dim)
             feeds[i.name] = rng.random(shape, np.float32)

@@ -14,7 +14,7 @@ from specrt.backend import contract, verdict
 from specrt.backend.manifest import read_manifest
 from specrt.backend.prefill import prefill
 from specrt.backend.session import OrtDecoder
-from specrt.backend.window import flatten
+from specrt.backend.window import causal_bias, flatten
 from specrt.tree import DraftTree
 from tests.helpers import GEMMA_WINDOW
 
@@ -80,6 +80,25 @@ def test_present_holds_only_new_positions_and_commit_keeps_accepted_path(tiny_ar
     step = flatten(int(ids[13]), DraftTree.empty(), decoder.past)
     got = decoder.forward(step.input_ids, step.position_ids, step.attention_bias).logits[0]
     np.testing.assert_allclose(got, torch_logits(model, ids[:14])[-1], atol=TOLERANCE)
+
+
+def test_the_graph_computes_the_logits_of_the_rows_it_is_asked_for(tiny_artifact):
+    folder, model = tiny_artifact
+    manifest = read_manifest(folder)
+    assert contract.LOGITS_INDEX in [t["name"] for t in manifest.io["inputs"]]
+    decoder = OrtDecoder(folder / manifest.decoder, manifest.dims)
+    assert decoder.graph.logits_index
+    ids = np.random.default_rng(3).integers(0, manifest.dims.vocab, 6)
+    want = torch_logits(model, ids)  # [6, vocab]
+    got = {}
+    for rows in (None, slice(5, 6), slice(1, 3), slice(0, 0)):
+        decoder.reset(8)
+        # the binding holds len(rows) logits rows: a graph that computed all six would not fit it
+        got[str(rows)] = decoder.forward(ids, np.arange(6), causal_bias(0, 6), logits_rows=rows).logits
+    assert got["None"].shape == (6, manifest.dims.vocab) and got[str(slice(0, 0))].shape == (0, manifest.dims.vocab)
+    np.testing.assert_allclose(got["None"], want, atol=TOLERANCE)
+    np.testing.assert_allclose(got[str(slice(5, 6))], want[5:6], atol=TOLERANCE)
+    np.testing.assert_allclose(got[str(slice(1, 3))], want[1:3], atol=TOLERANCE)
 
 
 def test_sliding_bias_masks_keys_a_window_behind():

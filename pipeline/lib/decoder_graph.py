@@ -25,6 +25,7 @@ from specrt.backend.manifest import ModelDims
 from .fuse_graph import fuse_for_ort
 from .fuse_kernels import fuse_for_kernels
 from .grouped_attention import grouped_attention_of
+from .logits_rows import select_logits_rows
 from .spec_attention import spec_attention_of, translation_table
 
 log = logging.getLogger(__name__)
@@ -229,8 +230,9 @@ def export_onnx(
             custom_translation_table=translation_table() if attention == "specrt" else None,
         )
     fuse_for_ort(program.model, contract.POSITION_IDS, dims.max_context)
+    select_logits_rows(program.model)
     if attention == "specrt":
         fuse_for_kernels(program.model)
     program.model.metadata_props[contract.ATTENTION_METADATA] = attention
     program.save(str(path), external_data=True)
-    log.info("exported %s (%d inputs, %d outputs)", path, len(inputs), len(outputs))
+    log.info("exported %s (%d inputs, %d outputs)", path, len(inputs) + 1, len(outputs))  # + logits_index

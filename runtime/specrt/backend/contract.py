@@ -23,6 +23,15 @@ from it inside the graph, so a single bias input stays exact for every layer typ
     present.{i}.value    float32  [1, s, kv_heads, head_dim]          values of the s new positions
     hidden_states        float32  [1, s, hidden]                      final-norm hidden states
 
+A decoder exported with ``logits_index`` (pipeline.lib.logits_rows; every graph the pipeline
+exports) computes the lm_head on the rows it names only, and returns their logits instead:
+
+    logits_index         int64    [r]                                 window rows whose logits to compute
+    logits               float32  [1, r, vocab]                       their logits, in that order
+
+A prefill chunk asks for its last row or none, a verify window for all. Graphs without the input
+compute every row's logits ([1, s, vocab]); the runtime reads either.
+
 A vision-language decoder (``io_table(..., image_embeds=True)``) has one more input:
 
     image_embeds         float32  [n, hidden]                         rows for this pass's image tokens
@@ -48,6 +57,7 @@ INPUT_IDS = "input_ids"
 POSITION_IDS = "position_ids"
 ATTENTION_BIAS = "attention_bias"
 LOGITS = "logits"
+LOGITS_INDEX = "logits_index"
 # The graph's metadata key naming its attention: "specrt" (ai.specrt.SpecAttention, specrt's CPU
 # kernel library) or "portable" (standard and com.microsoft operators, any provider).
 ATTENTION_METADATA = "specrt.attention"
@@ -82,10 +92,13 @@ class TensorSpec:
     doc: str
 
 
-def io_table(num_layers: int, kv_heads: int, head_dim: int, hidden: int, vocab: int, *,
-             image_embeds: bool = False) -> tuple[tuple[TensorSpec, ...], tuple[TensorSpec, ...]]:
+def io_table(
+    num_layers: int, kv_heads: int, head_dim: int, hidden: int, vocab: int, *, image_embeds: bool = False,
+    logits_index: bool = False,
+) -> tuple[tuple[TensorSpec, ...], tuple[TensorSpec, ...]]:
     """(inputs, outputs) of a decoder with these dims, in graph order; ``image_embeds``: a
-    vision-language decoder's (see the module docstring)."""
+    vision-language decoder's, ``logits_index``: a decoder that computes the logits of the rows it
+    is given (see the module docstring)."""
     inputs = [
         TensorSpec(INPUT_IDS, "int64", (1, "s"), "tokens of the s new positions"),
         TensorSpec(POSITION_IDS, "int64", (1, "s"), "absolute position of each new token"),
@@ -93,11 +106,16 @@ def io_table(num_layers: int, kv_heads: int, head_dim: int, hidden: int, vocab: 
     ]
     if image_embeds:
         inputs.append(TensorSpec(IMAGE_EMBEDS, "float32", ("n", hidden), "embeddings of the pass's image tokens"))
-    outputs = [TensorSpec(LOGITS, "float32", (1, "s", vocab), "next-token logits per position")]
+    if logits_index:
+        outputs = [TensorSpec(LOGITS, "float32", (1, "r", vocab), "next-token logits of the logits_index rows")]
+    else:
+        outputs = [TensorSpec(LOGITS, "float32", (1, "s", vocab), "next-token logits per position")]
     for i in range(num_layers):
         inputs.append(TensorSpec(past_key(i), "float32", (1, "past", kv_heads, head_dim), "cached keys"))
         inputs.append(TensorSpec(past_value(i), "float32", (1, "past", kv_heads, head_dim), "cached values"))
         outputs.append(TensorSpec(present_key(i), "float32", (1, "s", kv_heads, head_dim), "new keys only"))
         outputs.append(TensorSpec(present_value(i), "float32", (1, "s", kv_heads, head_dim), "new values only"))
     outputs.append(TensorSpec(HIDDEN_STATES, "float32", (1, "s", hidden), "final-norm hidden states"))
+    if logits_index:
+        inputs.append(TensorSpec(LOGITS_INDEX, "int64", ("r",), "window rows whose logits to compute, ascending"))
     return tuple(inputs), tuple(outputs)

@@ -151,6 +151,8 @@ class DecoderSession:
         ]
         # a vision-language decoder: its image tokens take rows of the image_embeds input (see contract)
         self.image_embeds = any(i.name == contract.IMAGE_EMBEDS for i in self.session.get_inputs())
+        # the graph computes the logits of the rows it is given only (pipeline.lib.logits_rows; see contract)
+        self.logits_index = any(i.name == contract.LOGITS_INDEX for i in self.session.get_inputs())
         self.no_image_rows = np.zeros((0, dims.hidden), np.float32)  # image_embeds of a pass without image rows
         self._check_io()
 
@@ -235,7 +237,8 @@ class OrtDecoder:
 
         input_ids, position_ids: [s] int64; attention_bias: [s, past + s] float32.
         logits_rows: the window rows whose logits come back (``slice(s - 1, s)``: the last one);
-        None: all ``s``. With a device cache the other rows never leave the device.
+        None: all ``s``. A graph with the contract's ``logits_index`` input computes those rows'
+        logits only; with a device cache the other rows never leave the device.
         image_embeds: [n, hidden] float32, the embeddings of the pass's first n image tokens (a
         vision-language decoder's prefill; specrt.backend.contract); None: none.
         """
@@ -267,12 +270,19 @@ class OrtDecoder:
         # host outputs: on a GPU provider onnxruntime copies the result into them
         binding.output(contract.HIDDEN_STATES, "cpu", list(hidden.shape), hidden.ctypes.data)
         on_device = self._logits is not None and logits_rows is not None
+        computed = s  # rows whose logits the pass computes
+        if self.graph.logits_index:  # the graph computes the rows asked for only (all, on the device)
+            index = np.arange(s, dtype=np.int64)
+            if not on_device and logits_rows is not None:
+                index = index[logits_rows]
+            binding.host_input(contract.LOGITS_INDEX, index)
+            computed = len(index)
         if on_device:  # the logits stay on the device; the rows asked for are gathered to the host below
             assert self._logits is not None
             logits_ptr = self._logits.ptr(s * vocab)
             binding.output(contract.LOGITS, self._logits.device, [1, s, vocab], logits_ptr)
         else:
-            logits = np.empty((1, s, vocab), np.float32)
+            logits = np.empty((1, computed, vocab), np.float32)
             binding.output(contract.LOGITS, "cpu", list(logits.shape), logits.ctypes.data)
         try:
             binding.run()
@@ -281,8 +291,8 @@ class OrtDecoder:
         except Exception as e:  # onnxruntime's own exception types; should not happen on valid input
             raise SpecrtError(f"decoder forward failed (s={s}, past={past}): {type(e).__name__}: {e}") from None
         if not on_device:
-            return ForwardOutput(logits=logits[0] if logits_rows is None else logits[0, logits_rows],
-                                 hidden_states=hidden[0])
+            picked_here = logits_rows is None or self.graph.logits_index
+            return ForwardOutput(logits=logits[0] if picked_here else logits[0, logits_rows], hidden_states=hidden[0])
         rows = np.arange(s)[logits_rows]  # [r]
         picked = np.empty((1, len(rows), vocab), np.float32)
         if len(rows):
