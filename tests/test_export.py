@@ -101,6 +101,29 @@ def test_the_graph_computes_the_logits_of_the_rows_it_is_asked_for(tiny_artifact
     np.testing.assert_allclose(got[str(slice(1, 3))], want[1:3], atol=TOLERANCE)
 
 
+def test_a_graph_without_logits_index_still_gives_the_rows_asked_for(tiny_artifact, tmp_path):
+    """Artifacts exported before the input: every row's logits computed, the rows asked for returned."""
+    import onnx
+
+    folder, model = tiny_artifact
+    manifest = read_manifest(folder)
+    graph = onnx.load(str(folder / manifest.decoder))  # with its external weights
+    (gather,) = [node for node in graph.graph.node if node.op_type == "Gather" and contract.LOGITS_INDEX in node.input]
+    for node in graph.graph.node:  # the lm_head reads the hidden rows again, as before the input
+        node.input[:] = [gather.input[0] if name == gather.output[0] else name for name in node.input]
+    graph.graph.node.remove(gather)
+    (index,) = [i for i in graph.graph.input if i.name == contract.LOGITS_INDEX]
+    graph.graph.input.remove(index)
+    onnx.save(graph, str(tmp_path / "decoder.onnx"), save_as_external_data=True, location="decoder.onnx.data")
+    decoder = OrtDecoder(tmp_path / "decoder.onnx", manifest.dims)
+    assert not decoder.graph.logits_index
+    ids = np.random.default_rng(4).integers(0, manifest.dims.vocab, 6)
+    decoder.reset(8)
+    last = decoder.forward(ids, np.arange(6), causal_bias(0, 6), logits_rows=slice(5, 6)).logits
+    assert last.shape == (1, manifest.dims.vocab)
+    np.testing.assert_allclose(last, torch_logits(model, ids)[5:6], atol=TOLERANCE)
+
+
 def test_sliding_bias_masks_keys_a_window_behind():
     # past = 3 cached positions (0, 1, 2); queries at positions 3 and 4; window 2
     bias = torch.zeros(1, 1, 2, 5)
