@@ -28,28 +28,53 @@ class SamplingParams:
         return self.temperature == 0.0
 
 
+# tokens whose order the top-p cut sorts first: the nucleus of a language model's next-token law is
+# usually far smaller; when these do not reach top_p, four times as many, up to the whole vocabulary
+NUCLEUS_CANDIDATES = 1024
+
+
 def target_probs(logits: np.ndarray, params: SamplingParams) -> np.ndarray:
     """[n, vocab] logits -> [n, vocab] float64 probabilities of the (warped) target distribution.
     Greedy decoding (temperature 0) has no distribution: callers take the argmax instead."""
     if params.greedy:
         raise ValueError("target_probs needs temperature > 0 (greedy decoding uses the argmax)")
-    z = logits.astype(np.float64) / params.temperature
+    z = np.divide(logits, params.temperature, dtype=np.float64)
     if params.top_k and params.top_k < z.shape[-1]:
         kth = np.partition(z, -params.top_k, axis=-1)[:, -params.top_k][:, None]
         z = np.where(z < kth, -np.inf, z)
     z -= z.max(axis=-1, keepdims=True)
-    p = np.exp(z)
+    p = np.exp(z, out=z)
     p /= p.sum(axis=-1, keepdims=True)
     if params.top_p < 1.0:
-        order = np.argsort(-p, axis=-1, kind="stable")
-        sorted_p = np.take_along_axis(p, order, axis=-1)
-        # keep the smallest prefix whose mass reaches top_p (the first token always stays)
-        drop_sorted = np.cumsum(sorted_p, axis=-1) - sorted_p >= params.top_p
-        drop = np.zeros_like(drop_sorted)
-        np.put_along_axis(drop, order, drop_sorted, axis=-1)
+        drop = np.stack([outside_nucleus(row, params.top_p) for row in p])
         p = np.where(drop, 0.0, p)
         p /= p.sum(axis=-1, keepdims=True)
     return p
+
+
+def outside_nucleus(p: np.ndarray, top_p: float) -> np.ndarray:
+    """[vocab] bool: the tokens that top-p drops from ``p`` ([vocab] float64, sums to 1).
+
+    The definition: order the tokens by probability, descending, ties by token id (a stable sort),
+    and keep the smallest prefix whose mass reaches top_p; the first token always stays. Sorting
+    the whole vocabulary took ~15 ms a row on 151,936 tokens, so only the most probable candidates
+    are sorted, with the same result: the candidates (every token at or above the k-th largest
+    probability, ties included) are the order's first tokens, their running sums are the same
+    sequential float sums, and every token after them has at least their mass before it, so it is
+    dropped once that mass reaches top_p (else k grows). Zero-probability tokens (top-k's cut)
+    come last and are dropped, or kept at probability zero: the same distribution."""
+    positive = np.flatnonzero(p > 0)
+    k = NUCLEUS_CANDIDATES
+    while True:
+        candidates = positive if k >= len(positive) else np.flatnonzero(p >= np.partition(p, -k)[-k])
+        order = candidates[np.argsort(-p[candidates], kind="stable")]  # candidates ascend by id: ties by id
+        sorted_p = p[order]
+        mass = np.cumsum(sorted_p)
+        if len(candidates) == len(positive) or mass[-1] >= top_p:
+            drop = np.ones(len(p), bool)
+            drop[order] = mass - sorted_p >= top_p
+            return drop
+        k *= 4
 
 
 class TargetRows:

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from specrt.errors import InvalidRequestError
-from specrt.sampling import SamplingParams, TargetRows, sample, target_probs
+from specrt.sampling import SamplingParams, TargetRows, outside_nucleus, sample, target_probs
 
 
 def logits_of(probs: list[float]) -> np.ndarray:
@@ -85,6 +85,32 @@ def test_top_k_then_top_p():
     logits = logits_of([0.15, 0.5, 0.05, 0.3])
     p = target_probs(logits, SamplingParams(temperature=1.0, top_k=3, top_p=0.6))
     np.testing.assert_allclose(p, [[0.0, 0.5 / 0.8, 0.0, 0.3 / 0.8]], atol=1e-6)
+
+
+def sorted_nucleus_drop(p: np.ndarray, top_p: float) -> np.ndarray:
+    """top-p's definition on the whole row: a stable sort of every token by descending probability."""
+    order = np.argsort(-p, kind="stable")
+    sorted_p = p[order]
+    drop = np.empty(len(p), bool)
+    drop[order] = np.cumsum(sorted_p) - sorted_p >= top_p
+    return drop
+
+
+@pytest.mark.parametrize("vocab, spread, top_k, top_p", [
+    (151_936, 3.0, 0, 0.9),    # a peaked row: the nucleus within the first candidates
+    (151_936, 0.1, 0, 0.95),   # a nearly flat row: the candidates grow to the whole vocabulary
+    (20_000, 1.0, 0, 0.999),   # the candidates grow several times
+    (151_936, 3.0, 50, 0.9),   # top-k's zeros
+    (5_000, 0.0, 0, 0.5),      # all tokens tied: the order is by token id
+    (3_000, 1.0, 0, 0.7),      # fewer tokens than the first candidates
+])
+def test_top_p_on_the_candidates_equals_top_p_on_the_whole_sorted_row(vocab, spread, top_k, top_p):
+    rng = np.random.default_rng(vocab + top_k)
+    logits = np.round(rng.standard_normal((3, vocab)) * spread * 4) / 4  # many ties
+    params = SamplingParams(temperature=0.8, top_k=top_k)
+    probs = target_probs(logits.astype(np.float32), params)
+    for row in probs:
+        assert np.array_equal(outside_nucleus(row, top_p), sorted_nucleus_drop(row, top_p))
 
 
 def test_sampling_params_defaults_are_greedy():
