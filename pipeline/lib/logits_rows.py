@@ -25,12 +25,17 @@ from specrt.backend import contract
 ELEMENTWISE = ("Div", "Tanh", "Mul", "Cast")
 
 
-def lm_head_matmul(graph: ir.Graph) -> ir.Node:
-    """The MatMul whose product becomes the ``logits`` output (through elementwise ops only)."""
+def logits_output(graph: ir.Graph) -> ir.Value:
+    """The graph's ``logits`` output."""
     logits = next((out for out in graph.outputs if out.name == contract.LOGITS), None)
     if logits is None:
         raise ValueError(f"graph has no {contract.LOGITS!r} output: not a specrt decoder")
-    node = logits.producer()
+    return logits
+
+
+def lm_head_matmul(graph: ir.Graph) -> ir.Node:
+    """The MatMul whose product becomes the ``logits`` output (through elementwise ops only)."""
+    node = logits_output(graph).producer()
     for _ in range(8):
         if node is None:
             break
@@ -54,7 +59,7 @@ def select_logits_rows(model: ir.Model) -> None:
     graph.insert_before(head, gather)
     head.replace_input_with(0, gather.outputs[0])
     # the values from the lm_head to the output now hold r rows, not s
-    logits = next(out for out in graph.outputs if out.name == contract.LOGITS)
+    logits = logits_output(graph)
     value = logits.producer().inputs[0] if logits.producer() is not head else None
     while value is not None:
         value.shape = None
