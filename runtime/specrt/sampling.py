@@ -31,6 +31,8 @@ class SamplingParams:
 # tokens whose order the top-p cut sorts first: the nucleus of a language model's next-token law is
 # usually far smaller; when these do not reach top_p, four times as many, up to the whole vocabulary
 NUCLEUS_CANDIDATES = 1024
+# tokens per block of sample()'s two-level draw: ~300 blocks on a 151,936-token vocabulary
+SAMPLE_BLOCK = 512
 
 
 def target_probs(logits: np.ndarray, params: SamplingParams) -> np.ndarray:
@@ -108,6 +110,37 @@ class TargetRows:
 
 
 def sample(p: np.ndarray, rng: np.random.Generator) -> int:
-    """One draw from an unnormalised non-negative vector ``p`` [vocab]."""
+    """One draw from an unnormalised non-negative vector ``p`` [vocab] with positive mass: token i
+    with probability p[i] / sum(p), from one ``rng.random()``.
+
+    u = random() * total falls in one step of the running sum of ``p``; the token is that step's.
+    A running sum is sequential (0.4 ms over 151,936 float64 on one core), so a long vector is drawn
+    in two levels: the running sum of its blocks of SAMPLE_BLOCK tokens picks the block, the block's
+    own running sum the token. A zero-probability token is never drawn: its step is empty, and where
+    rounding leaves u at or past a block's last step the block's last token with mass is drawn."""
+    if len(p) <= SAMPLE_BLOCK:
+        return _draw(p, rng.random())
+    full = len(p) // SAMPLE_BLOCK * SAMPLE_BLOCK
+    sums = p[:full].reshape(-1, SAMPLE_BLOCK).sum(axis=1)  # [blocks]
+    if full < len(p):
+        sums = np.append(sums, p[full:].sum())
+    cdf = np.cumsum(sums)
+    if not cdf[-1] > 0:
+        raise ValueError("sample: p has no positive mass")
+    u = rng.random() * cdf[-1]
+    block = int(np.searchsorted(cdf, u, side="right"))
+    if block == len(cdf):  # u rounded up to the total: the last block with mass
+        block = int(np.flatnonzero(sums > 0)[-1])
+    start = block * SAMPLE_BLOCK
+    local = p[start : start + SAMPLE_BLOCK]
+    below = float(cdf[block - 1]) if block else 0.0
+    return start + _draw(local, (u - below) / sums[block] if sums[block] > 0 else 0.0)
+
+
+def _draw(p: np.ndarray, r: float) -> int:
+    """The token of ``p`` ([n] non-negative, positive mass) whose running-sum step holds r * total."""
     cdf = np.cumsum(p)
-    return int(min(np.searchsorted(cdf, rng.random() * cdf[-1], side="right"), len(p) - 1))
+    if not cdf[-1] > 0:
+        raise ValueError("sample: p has no positive mass")
+    i = int(np.searchsorted(cdf, r * cdf[-1], side="right"))
+    return i if i < len(p) else int(np.flatnonzero(p > 0)[-1])

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from specrt.errors import InvalidRequestError
-from specrt.sampling import SamplingParams, TargetRows, outside_nucleus, sample, target_probs
+from specrt.sampling import SAMPLE_BLOCK, SamplingParams, TargetRows, outside_nucleus, sample, target_probs
 
 
 def logits_of(probs: list[float]) -> np.ndarray:
@@ -187,6 +187,58 @@ def test_sample_frequencies_follow_p():
     p = np.array([0.1, 0.2, 0.7])
     counts = np.bincount([sample(p, rng) for _ in range(20_000)], minlength=3)
     np.testing.assert_allclose(counts / 20_000, p, atol=5 * math.sqrt(0.25 / 20_000))
+
+
+def whole_vector_draw(p: np.ndarray, u: float) -> int:
+    """The definition sample() implements: the step of p's running sum that holds u * total."""
+    cdf = np.cumsum(p)
+    return int(np.searchsorted(cdf, u * cdf[-1], side="right"))
+
+
+def test_sample_two_levels_draw_the_whole_vectors_token():
+    # a vocabulary of 8 blocks and a ragged tail, a fifth of it at zero: every u of a grid draws the
+    # token the whole running sum gives (rounding could split them only within ~1e-16 of a step)
+    rng = np.random.default_rng(3)
+    p = rng.random(8 * SAMPLE_BLOCK + 77) ** 4
+    p[rng.random(len(p)) < 0.2] = 0.0
+    grid = np.linspace(0.0, 1.0, 4001)[:-1]
+    drawn = [sample(p, FixedUniform(u)) for u in grid]
+    assert drawn == [whole_vector_draw(p, u) for u in grid]
+    assert min(p[drawn]) > 0 and len(set(drawn)) > 1500
+
+
+@pytest.mark.parametrize(
+    "u, expected",
+    [
+        (0.0, SAMPLE_BLOCK + 5),  # the first token with mass, past an empty first block
+        (0.25 - 2.0**-40, SAMPLE_BLOCK + 5),  # the end of its step, a quarter of the mass
+        (0.25, 3 * SAMPLE_BLOCK - 1),  # on the edge of the next step: the upper token, the third block's last
+        (0.5, 3 * SAMPLE_BLOCK + 2),  # the next edge: past the empty token that starts the fourth block
+        (1.0 - 2.0**-53, 3 * SAMPLE_BLOCK + 2),  # the largest u: the last token with mass, not the zero tail
+    ],
+)
+def test_sample_two_levels_at_the_edges(u, expected):
+    p = np.zeros(4 * SAMPLE_BLOCK - 3)  # mass 1, 1, 2 on three tokens of three blocks; the rest 0
+    p[[SAMPLE_BLOCK + 5, 3 * SAMPLE_BLOCK - 1, 3 * SAMPLE_BLOCK + 2]] = 1.0, 1.0, 2.0
+    assert sample(p, FixedUniform(u)) == expected
+    assert whole_vector_draw(p, u) == expected
+
+
+def test_sample_two_levels_frequencies_follow_p():
+    # 20k draws over three blocks: each frequency within 5 standard errors of p; nothing else drawn
+    rng = np.random.default_rng(0)
+    p = np.zeros(3 * SAMPLE_BLOCK + 10)
+    p[[7, SAMPLE_BLOCK + 300, 3 * SAMPLE_BLOCK + 9]] = 0.1, 0.2, 0.7
+    counts = np.bincount([sample(p, rng) for _ in range(20_000)], minlength=len(p))
+    kept = [7, SAMPLE_BLOCK + 300, 3 * SAMPLE_BLOCK + 9]
+    assert counts.sum() == counts[kept].sum()
+    np.testing.assert_allclose(counts[kept] / 20_000, [0.1, 0.2, 0.7], atol=5 * math.sqrt(0.25 / 20_000))
+
+
+def test_sample_refuses_a_vector_without_mass():
+    for n in (5, 3 * SAMPLE_BLOCK):
+        with pytest.raises(ValueError, match="no positive mass"):
+            sample(np.zeros(n), np.random.default_rng(0))
 
 
 @pytest.mark.parametrize("params", [SamplingParams(temperature=0.7), SamplingParams(temperature=1.3, top_k=50),

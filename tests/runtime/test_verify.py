@@ -130,6 +130,18 @@ def test_walk_sampling_never_accepts_a_zero_probability_draft():
         assert walk.emitted.tolist() in ([1], [2])  # recovered from the residual, never 0
 
 
+def test_walk_sampling_leaves_the_target_rows_as_they_were():
+    # rejected siblings are zeroed in a copy: a row that the caller keeps (TargetRows caches them)
+    # still holds the target's law after a walk through rejections
+    tree = DraftTree(np.array([0, 1, 2]), np.array([-1, -1, -1]))  # three siblings at the root
+    probs = np.array([[0.0, 0.0, 0.5, 0.5]] + [[0.25] * 4] * 3)  # slots: the root, then one per node
+    kept = probs.copy()
+    rng = np.random.default_rng(4)
+    walks = [walk_sampling(tree, probs, rng) for _ in range(300)]
+    np.testing.assert_array_equal(probs, kept)
+    assert {tuple(w.emitted.tolist()) for w in walks} == {(2, 0), (2, 1), (2, 2), (2, 3), (3,)}
+
+
 def test_walk_sampling_empty_tree_samples_from_root():
     walk = walk_sampling(DraftTree.empty(), np.array([[0.0, 0.0, 1.0]]), np.random.default_rng(0))
     assert walk.path.tolist() == []

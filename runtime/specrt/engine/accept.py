@@ -165,7 +165,7 @@ def walk_sampling(tree: DraftTree, probs: np.ndarray | TargetRows, rng: np.rando
     """
     path, emitted, node = [], [], -1
     while True:
-        residual = probs[node + 1].copy()
+        row = residual = probs[node + 1]  # copied at the first rejection only: a leaf or a plain step reads it as is
         accepted = None
         for child in tree.children(node):
             x = int(tree.token_ids[child])
@@ -173,6 +173,8 @@ def walk_sampling(tree: DraftTree, probs: np.ndarray | TargetRows, rng: np.rando
             if residual[x] > 0 and rng.random() * total < residual[x]:
                 accepted = int(child)
                 break
+            if residual is row:
+                residual = row.copy()
             residual[x] = 0.0
         if accepted is None:
             emitted.append(sample(residual, rng))
