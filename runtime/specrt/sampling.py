@@ -116,8 +116,10 @@ def sample(p: np.ndarray, rng: np.random.Generator) -> int:
     u = random() * total falls in one step of the running sum of ``p``; the token is that step's.
     A running sum is sequential (0.4 ms over 151,936 float64 on one core), so a long vector is drawn
     in two levels: the running sum of its blocks of SAMPLE_BLOCK tokens picks the block, the block's
-    own running sum the token. A zero-probability token is never drawn: its step is empty, and where
-    rounding leaves u at or past a block's last step the block's last token with mass is drawn."""
+    own running sum the token, at u's place in the block rescaled to that sum (the block's total and its
+    running sum's last value may differ in the last bits). A zero-probability token is never drawn: its
+    step is empty, and where rounding leaves the place at or past the block's last step the block's last
+    token with mass is drawn."""
     if len(p) <= SAMPLE_BLOCK:
         return _draw(p, rng.random())
     full = len(p) // SAMPLE_BLOCK * SAMPLE_BLOCK
@@ -127,14 +129,12 @@ def sample(p: np.ndarray, rng: np.random.Generator) -> int:
     cdf = np.cumsum(sums)
     if not cdf[-1] > 0:
         raise ValueError("sample: p has no positive mass")
+    # u < the total: random() < 1, and a double times one below 1 never rounds up to a normal double
     u = rng.random() * cdf[-1]
-    block = int(np.searchsorted(cdf, u, side="right"))
-    if block == len(cdf):  # u rounded up to the total: the last block with mass
-        block = int(np.flatnonzero(sums > 0)[-1])
+    block = int(np.searchsorted(cdf, u, side="right"))  # cdf[block - 1] <= u < cdf[block]: a block with mass
     start = block * SAMPLE_BLOCK
-    local = p[start : start + SAMPLE_BLOCK]
     below = float(cdf[block - 1]) if block else 0.0
-    return start + _draw(local, (u - below) / sums[block] if sums[block] > 0 else 0.0)
+    return start + _draw(p[start : start + SAMPLE_BLOCK], (u - below) / sums[block])
 
 
 def _draw(p: np.ndarray, r: float) -> int:
