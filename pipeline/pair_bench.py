@@ -5,10 +5,11 @@ decoding of the target, side by side (CPU).
         --prompts ../shared/data/specbench/question.jsonl --params params.yaml \\
         --out artifacts/pair/bench-int4.json --plot artifacts/pair/plots/bench-int4.json
 
-For every Spec-Bench prompt (first turns, ``pair_bench.prompts_per_task`` per task of
-``pair_bench.tasks``, all six when null) and every temperature, the target decodes plainly (the
-cached autoregressive baseline: one token per target pass with its KV cache), then each method
-of ``pair_bench.methods`` (sd, hsd, hsd_capped) right after it with the same seed, then plain
+Settings come from the params section ``--section`` (``pair_bench``, the quick run CI records;
+``pair_bench_full``, the full pipeline's). For every Spec-Bench prompt (first turns,
+``prompts_per_task`` per task of ``tasks``, all six when null) and every temperature, the target
+decodes plainly (the cached autoregressive baseline: one token per target pass with its KV cache),
+then each method of ``methods`` (sd, hsd, hsd_capped, auto) right after it with the same seed, then plain
 decoding again (speedups over the mean of the two). The report gives per run decode tokens/s,
 the baseline's, the speedup, the acceptance rate (accepted / drafted tokens), mean tokens per
 verify step, the prefill time apart and the share of the decode time spent drafting. Note that
@@ -28,26 +29,26 @@ import time
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 import specrt
 
 from .lib.atomic import write_text_atomic
 from .lib.measure import PREFIX_CACHE_MB, Run, markdown, measure, specbench_prompts, summarize
+from .lib.params import stage_params
 from .lib.specbench import TASKS
 from .lib.verdict import exit_code
 
 PLOT_FIELDS = ("decode_tokens_per_s", "speedup", "mean_tokens_per_step", "acceptance_rate")
 
 
-def run(target: Path, draft: Path, questions: Path, params: dict[str, Any]) -> dict[str, Any]:
+def run(target: Path, draft: Path, questions: Path, params: dict[str, Any],
+        section: str = "pair_bench") -> dict[str, Any]:
     model = specrt.load(target, threads=params.get("threads"), draft=draft, prefix_cache_mb=PREFIX_CACHE_MB)
     prompts = specbench_prompts(model, questions, params["prompts_per_task"], params["max_prompt_tokens"])
     tasks = params.get("tasks")  # None: all six
     if tasks is not None:
         unknown = sorted(set(tasks) - set(TASKS))
         if unknown:
-            raise ValueError(f"pair_bench.tasks: unknown {unknown}; Spec-Bench tasks are {', '.join(TASKS)}")
+            raise ValueError(f"{section}.tasks: unknown {unknown}; Spec-Bench tasks are {', '.join(TASKS)}")
         prompts = [p for p in prompts if p.task in tasks]
     runs = [Run(method, mode == "tree", float(t)) for t in params["temperatures"]
             for method in params["methods"] for mode in params["modes"]]
@@ -82,12 +83,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--draft", type=Path, required=True, help="draft artifact folder (same tokenizer)")
     parser.add_argument("--prompts", type=Path, required=True, help="Spec-Bench question.jsonl")
     parser.add_argument("--params", type=Path, default=Path("params.yaml"))
+    parser.add_argument("--section", default="pair_bench",
+                        help="the params.yaml section with this run's settings (pair_bench_full: the full run)")
     parser.add_argument("--out", type=Path, required=True, help="metrics JSON to write")
     parser.add_argument("--plot", type=Path, help="plot JSON to write: one record per run")
     parser.add_argument("--table", type=Path, help="markdown table to write")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    report = run(args.target, args.draft, args.prompts, yaml.safe_load(args.params.read_text())["pair_bench"])
+    report = run(args.target, args.draft, args.prompts, stage_params(args.params, args.section), args.section)
     report["stage_s"] = round(time.perf_counter() - started, 1)
     write_text_atomic(args.out, json.dumps(report, indent=2) + "\n")
     table = markdown({name: {"all": r} for name, r in report["runs"].items()})

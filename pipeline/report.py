@@ -13,11 +13,13 @@ Not a DVC stage: it only reads the stages' metrics JSON, the files `dvc metrics 
   the spec-safety gate, decode ms per token, parity;
 - ``<model>/lossless-<variant>.json`` (stage lossless): every method, chain and tree, equal to plain
   decoding token for token or not;
-- ``<model>/weights.json``, ``<model>/corpora.json``, ``pair/bench-<variant>.json``.
+- ``<model>/weights.json``, ``<model>/corpora.json``, ``pair/bench-<variant>.json`` (stage
+  pair_bench: overall and per task).
 
 The full benchmark (``dvc repro pipeline/full/dvc.yaml``) writes the same benchmark and peers JSON
-under ``<model>/full/``; when those exist they head the page. The files that ``--params`` says the
-pipeline writes but that are absent are named at the top, and their tables left out.
+under ``<model>/full/``, and the pair's under ``pair/full/``; when those exist they head the page.
+The files that ``--params`` says the pipeline writes but that are absent are named at the top, and
+their tables left out.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from typing import Any
 import yaml
 
 from .lib.atomic import write_text_atomic
+from .lib.specbench import TASKS
 
 log = logging.getLogger(__name__)
 
@@ -355,6 +358,13 @@ def pair_section(m: Metrics, files: Sequence[str]) -> list[str]:
                          ratio(x["speedup"], x.get("speedup_ci95")), number(x["mean_tokens_per_step"]),
                          number(x.get("acceptance_rate")), number(x.get("token_match"), 3)]
                         for name, x in r["runs"].items()])
+        per_task = {name: tasks for name, tasks in (r.get("per_task") or {}).items() if not name.startswith("baseline")}
+        columns = [t for t in TASKS if any(t in tasks for tasks in per_task.values())]
+        if columns:
+            lines += ["", "Speedup per Spec-Bench task:", ""]
+            lines += table(["run"] + columns,
+                           [[name] + [ratio(tasks[t]["speedup"]) if t in tasks else "-" for t in columns]
+                            for name, tasks in per_task.items()])
         lines.append("")
     return lines
 
@@ -412,8 +422,8 @@ def machine_lines(m: Metrics, export_files: Sequence[str], bench_files: Sequence
 
 
 def full_files(root: Path) -> list[str]:
-    return sorted(str(p.relative_to(root)) for pattern in (f"*/{FULL}/benchmark-*.json", f"*/{FULL}/peers-*.json")
-                  for p in root.glob(pattern) if p.is_file())
+    patterns = (f"*/{FULL}/benchmark-*.json", f"*/{FULL}/peers-*.json", f"pair/{FULL}/bench-*.json")
+    return sorted(str(p.relative_to(root)) for pattern in patterns for p in root.glob(pattern) if p.is_file())
 
 
 def bench_and_peers(m: Metrics, bench: Sequence[str], peers: Sequence[str], level: str) -> list[str]:
@@ -443,6 +453,7 @@ def render(root: Path, params: dict[str, Any] | None, command: str = COMMAND) ->
     if full:
         body += ["## Headline: the full benchmark (`dvc repro pipeline/full/dvc.yaml`)", ""]
         body += bench_and_peers(m, [f for f in full if "/benchmark-" in f], [f for f in full if "/peers-" in f], "##")
+        body += pair_section(m, [f for f in full if f.startswith("pair/")])
         body += ["## Quick CI profile (`dvc repro`)", ""]
     else:
         body += [f"No full-benchmark metrics (`{m.name(f'<model>/{FULL}/')}`): `dvc repro pipeline/full/dvc.yaml` "

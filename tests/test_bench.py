@@ -181,6 +181,28 @@ def test_pair_bench_runs_only_the_tasks_asked_for_and_names_an_unknown_one(pair,
         stage.main(base)
 
 
+def test_pair_bench_reads_the_section_it_is_given(pair, tmp_path):
+    # --section pair_bench_full: that section's settings (one task here), and errors name it
+    import pipeline.pair_bench as stage
+
+    target, draft = pair
+    params = tmp_path / "params.yaml"
+    full = PAIR_PARAMS.replace("pair_bench:", "pair_bench_full:").replace("[0, 1]", "[0]")
+    full = full.replace("[chain, tree]", "[chain]")
+    params.write_text(PAIR_PARAMS + full + "  tasks: [rag]\n")
+    base = ["--target", str(target), "--draft", str(draft), "--prompts", str(specbench_questions(tmp_path / "q.jsonl")),
+            "--params", str(params), "--out", str(tmp_path / "bench.json"), "--section", "pair_bench_full"]
+    assert stage.main(base) == 0
+    report = json.loads((tmp_path / "bench.json").read_text())
+    assert report["prompts"] == 1 and set(report["runs"]) == {f"{m}/chain/t0" for m in ("sd", "hsd", "hsd_capped",
+                                                                                          "baseline")}
+    params.write_text(PAIR_PARAMS + full + "  tasks: [coding]\n")
+    with pytest.raises(ValueError, match="pair_bench_full.tasks: unknown"):
+        stage.main(base)
+    with pytest.raises(SystemExit, match="no section 'pair_bench_nightly'"):
+        stage.main(base[:-1] + ["pair_bench_nightly"])
+
+
 @pytest.mark.parametrize("spec_safe, code", [(True, 1), (False, 0)])
 def test_pair_bench_fails_when_a_spec_safe_target_diverges(pair, tmp_path, monkeypatch, spec_safe, code):
     import pipeline.pair_bench as stage

@@ -125,6 +125,28 @@ def test_full_benchmark_heads_the_page(tmp_path):
     assert "No full-benchmark metrics" in render(artifacts(tmp_path / "quick"), PARAMS)
 
 
+def pair_bench(speedups: dict[str, float]) -> dict:
+    return {"draft": "d", "draft_variant": "int4", "target": "t", "variant": "int4", "prompts": 12,
+            "max_new_tokens": 64, "threads": None, "baseline": "cached",
+            "runs": {"auto/chain/t1": bench_run(1.03, 1.06), "baseline/chain/t1": bench_run(1.0, 1.0)},
+            "per_task": {"auto/chain/t1": {t: bench_run(x, 1.0) for t, x in speedups.items()},
+                         "baseline/chain/t1": {t: bench_run(1.0, 1.0) for t in speedups}}}
+
+
+def test_pair_tables_per_task_and_the_full_run_in_the_headline(tmp_path):
+    root = artifacts(tmp_path)
+    write(root, "pair/bench-int4.json", pair_bench({"rag": 1.02, "qa": 0.99}))
+    write(root, "pair/full/bench-int4.json", pair_bench({"qa": 0.98, "translation": 1.1, "rag": 1.05}))
+    text = render(root, {**PARAMS, "pair": {"target": "t", "variants": ["int4"]}})
+    lines = text.splitlines()
+    # per task in Spec-Bench's order, baseline no row; the full run's table heads the page
+    assert "| run | translation | qa | rag |" in lines and "| auto/chain/t1 | 1.10x | 0.98x | 1.05x |" in lines
+    assert "| run | qa | rag |" in lines and "| auto/chain/t1 | 0.99x | 1.02x |" in lines
+    assert not any(line.startswith("| baseline/chain/t1 | 1.00x") for line in lines)
+    heading = "### d (int4) drafting for t (int4) (`artifacts/pair/{}bench-int4.json`)"
+    assert text.index(heading.format("full/")) < text.index("## Quick CI profile") < text.index(heading.format(""))
+
+
 def test_missing_file_is_named(tmp_path):
     root = artifacts(tmp_path)
     (root / MODEL / "peers-int4.json").unlink()
