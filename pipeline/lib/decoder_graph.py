@@ -235,4 +235,5 @@ def export_onnx(
         fuse_for_kernels(program.model)
     program.model.metadata_props[contract.ATTENTION_METADATA] = attention
     program.save(str(path), external_data=True)
-    log.info("exported %s (%d inputs, %d outputs)", path, len(inputs) + 1, len(outputs))  # + logits_index
+    graph = program.model.graph
+    log.info("exported %s (%d inputs, %d outputs)", path, len(graph.inputs), len(graph.outputs))
