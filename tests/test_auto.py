@@ -16,7 +16,17 @@ from specrt.backend.session import OrtDecoder
 from specrt.backoff import Backoff
 from specrt.cost import VerifyCostModel
 from specrt.drafters import DrafterEnv, Feedback
-from specrt.drafters.auto import PROBE_EVERY, PROBE_SHARE, Auto, AutoConfig, MeasuredCost, Member, make
+from specrt.drafters.auto import (
+    FOLLOW_REACH,
+    FOLLOW_SHARE,
+    PROBE_EVERY,
+    PROBE_SHARE,
+    Auto,
+    AutoConfig,
+    MeasuredCost,
+    Member,
+    make,
+)
 from specrt.drafters.pld import PromptLookup
 from specrt.drafters.suffix_decoding import SuffixDecoding
 from specrt.errors import InvalidRequestError
@@ -160,6 +170,29 @@ def test_with_every_member_useless_it_runs_plain_steps_and_only_probes():
     assert [m.proposed for m in auto.members] == [probes] * 3
 
 
+def test_a_cheap_leader_whose_first_tokens_match_follows_at_every_step():
+    # P(m >= 1) = 0.12, deeper 0: a 1-deep draft earns 1.12 tokens for a window of 1.15 single steps,
+    # so no depth pays. A copy drafter (drafting free in counts mode) with that estimate follows: it
+    # proposes at every step, and its proposals stay unverified; one whose first tokens never matched
+    # (P(m >= 1) = 0.05, below FOLLOW_REACH), a draft model (a drafted token costs 0.25 of a step:
+    # 2 steps a proposal) and a controller with following off propose only as probes, every 4 steps.
+    # The estimates stay as set: nothing is observed, so no proposal is scored.
+    def asked(reach_1: float, token_cost: float = 0.0, follow_share: float = FOLLOW_SHARE) -> tuple[int, int]:
+        cost = VerifyCostModel()
+        member = Member("m", Knows(OUTPUT, 0, 80), Backoff(cost), token_cost)
+        member.estimate.reach[1] = reach_1
+        auto = Auto([member], cost, AutoConfig(timed=False, follow_share=follow_share))
+        auto.begin(PROMPT, np.zeros((len(PROMPT), 4), np.float32))
+        verified = sum(len(auto.propose(np.concatenate([PROMPT, OUTPUT[:i]]), 8)) for i in range(12))
+        return member.proposed, verified
+
+    assert asked(0.12) == (12, 0)
+    assert asked(0.05) == (3, 0)  # steps 4, 8, 12
+    assert asked(0.12, token_cost=0.25) == (0, 0)  # its first probe waits until 2 / 0.03 = 67 steps
+    assert asked(0.12, follow_share=0.0) == (3, 0)
+    assert asked(FOLLOW_REACH) == (12, 0)  # the bound is inclusive
+
+
 def test_a_member_that_was_not_chosen_still_observes_every_step():
     seen: list[list[int]] = []
 
@@ -178,6 +211,10 @@ def test_config_is_checked():
         AutoConfig(probe_every=0)
     with pytest.raises(InvalidRequestError, match="probe_share"):
         AutoConfig(probe_share=0.0)
+    with pytest.raises(InvalidRequestError, match="follow_share"):
+        AutoConfig(follow_share=1.5)
+    with pytest.raises(InvalidRequestError, match="follow_reach"):
+        AutoConfig(follow_reach=0.0)
     with pytest.raises(InvalidRequestError, match="draft_token_cost"):
         AutoConfig(draft_token_cost=-1.0)
     member = Member("pld", PromptLookup(), Backoff(VerifyCostModel()))

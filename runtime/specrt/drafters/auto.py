@@ -6,9 +6,9 @@ acceptance (:class:`specrt.backoff.Backoff`: P(m >= d), scored in hindsight agai
 request emitted, whether or not its proposal was verified). A step:
 
     asked   = the member whose best chain promises most, if it pays for its window and its
-              drafting cost, and the members whose probe is due (PROBE_EVERY steps since it
-              last proposed, more for a member whose proposal costs more than PROBE_SHARE of
-              those steps)
+              drafting cost, or if it follows (below); and the members whose probe is due
+              (PROBE_EVERY steps since it last proposed, more for a member whose proposal costs
+              more than PROBE_SHARE of those steps)
     D       = the asked members' drafting cost this step, in single steps (c(1) = 1)
     choose  = argmax over asked members m and depths k of  (1 + E_m[min(a, k)]) / (c(n_k + 1) / c(1) + D)
               against a plain step's 1 / (1 + D); ties go to the member listed first
@@ -16,6 +16,15 @@ request emitted, whether or not its proposal was verified). A step:
 and the chosen tree, cut to depth k, is verified (empty: a plain step). Every member observes every
 step's emitted tokens and the verifier's feedback (for the verified window, whoever proposed it),
 so a member that was not chosen still learns the text.
+
+A leading member follows, proposing at every step although its average does not pay, when its
+proposal costs at most FOLLOW_SHARE of a single step (a copy drafter's does, a draft model's
+does not) and its estimate has seen first tokens match (P(m >= 1) >=
+FOLLOW_REACH). The estimate is an average over the request's proposals, but the proposal in hand
+may be a long match that pays (the best cut decides on the tree itself, as the engine's back-off
+does for a method alone); and only a proposal made is scored, so a leader asked only on probes
+(one step in PROBE_EVERY) is slow to learn that the text has turned its way (figures:
+docs/methods.md).
 
 Costs: a window's c(s) is the engine's measured verify cost (``env.verify_cost``); a member's
 drafting cost is the running mean of its measured ``propose`` time (a draft model's forward passes
@@ -29,16 +38,17 @@ Output never depends on the controller: it only picks which tokens are verified,
 step is exact (greedy) or keeps the target's law (sampling: deterministic drafts by
 ``walk_sampling``, a draft model's sampled chain by recursive rejection sampling on its q rows).
 
-Probe bound: a member that does not pay proposes, unverified, once every
+Probe bound: a member that neither pays nor follows proposes, unverified, once every
 max(``probe_every``, D_m / ``probe_share``) steps, where D_m is what one of its proposals costs
 (a full-budget draft; measured, or counted in seeded mode and before its first proposal), so
 probing spends at most ``probe_share`` of the steps on drafting: a draft model whose 8-token draft
 costs 2 target steps probes every 67 steps, a copy drafter every 4. A member's first probe comes
 at step (D_m + catch-up) / ``probe_share``, the catch-up being a draft model's prefill of the
 context so far (at once for a member that drafts for free). Its proposals are
-verified only once the estimate says they pay. With every member useless (no proposal ever
+verified only once the estimate says they pay. A follower spends at most ``follow_share`` of each
+step on its proposal. With every member useless (no proposal ever
 matches the next token) no draft is verified: every step is a plain step, and each member
-proposes on at most ceil(steps / probe_every) of them.
+proposes on at most ceil(steps / probe_every) of them (P(m >= 1) stays 0: none follows).
 """
 
 from __future__ import annotations
@@ -61,6 +71,8 @@ from specrt.tree import DraftTree
 
 PROBE_EVERY = 4  # steps between the proposals of a member that does not pay, at least
 PROBE_SHARE = 0.03  # the share of the steps since its last proposal that a probe may cost, at most
+FOLLOW_SHARE = 0.02  # a leader proposes at every step if a proposal costs at most this share of a single step
+FOLLOW_REACH = 0.1  # ... and its estimated P(m >= 1) is at least this: its first tokens do match
 # a draft model's prefill of one context token it has not seen, in target single steps: a prior
 # (a batched pass, a fraction of a drafted token) for its first probe, which catches the whole
 # context up; measured propose times replace it after that
@@ -73,6 +85,8 @@ ESTIMATE_STATE_KEY = "auto/estimates"  # env.state key of the members' acceptanc
 class AutoConfig:
     probe_every: int = PROBE_EVERY
     probe_share: float = PROBE_SHARE
+    follow_share: float = FOLLOW_SHARE  # 0: a leader that does not pay proposes only as a probe
+    follow_reach: float = FOLLOW_REACH
     timed: bool = True  # drafting costs from measured propose times; False: from counts (seeded sampling)
     draft_token_cost: float = DRAFT_TOKEN_COST  # counts mode, for members with ``token_cost`` None
 
@@ -81,6 +95,10 @@ class AutoConfig:
             raise InvalidRequestError(f"probe_every must be an int >= 1, got {self.probe_every!r}")
         if not 0.0 < self.probe_share <= 1.0:
             raise InvalidRequestError(f"probe_share must be in (0, 1], got {self.probe_share!r}")
+        if not 0.0 <= self.follow_share <= 1.0:
+            raise InvalidRequestError(f"follow_share must be in [0, 1], got {self.follow_share!r}")
+        if not 0.0 < self.follow_reach <= 1.0:
+            raise InvalidRequestError(f"follow_reach must be in (0, 1], got {self.follow_reach!r}")
         if not self.draft_token_cost >= 0.0:
             raise InvalidRequestError(f"draft_token_cost must be >= 0, got {self.draft_token_cost!r}")
 
@@ -178,6 +196,14 @@ class Auto:
             return self.step >= (self.drafting_cost(member, budget) + member.catch_up_cost * context_len) / share
         return self.step - member.last_asked >= max(self.config.probe_every, self.drafting_cost(member, budget) / share)
 
+    def follows(self, member: Member, budget: int) -> bool:
+        """Whether ``member``, leading, proposes although its promise does not pay (the module
+        docstring): a proposal costs at most ``follow_share`` of a single step and its estimated
+        P(m >= 1) is at least ``follow_reach``."""
+        share = self.config.follow_share
+        return share > 0 and member.estimate.reach[1] >= self.config.follow_reach and \
+            self.drafting_cost(member, budget) <= share
+
     # -- the drafter protocol
 
     def begin(self, prompt: np.ndarray, hidden_states: np.ndarray) -> None:
@@ -194,12 +220,13 @@ class Auto:
         self.last_choice = None
         offers: list[tuple[Member, DraftTree]] = []
         drafting = 0.0  # single steps spent on this step's proposals
-        # the member that promises most, if it pays, and the members whose probe is due; the others
-        # would only spend their drafting cost on a draft that is not expected to win
+        # the member that promises most, if it pays or follows, and the members whose probe is due;
+        # the others would only spend their drafting cost on a draft that is not expected to win
         promises = [self.promise(member, budget) for member in self.members]
         leader = max(range(len(self.members)), key=lambda i: promises[i])  # ties: the first listed
         for i, member in enumerate(self.members):
-            if not ((i == leader and promises[i] > 1.0) or self.probe_due(member, budget, len(context))):
+            leads = i == leader and (promises[i] > 1.0 or self.follows(member, budget))
+            if not (leads or self.probe_due(member, budget, len(context))):
                 continue
             t0 = time.perf_counter()
             tree = member.drafter.propose(context, budget)
