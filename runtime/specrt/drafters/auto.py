@@ -23,8 +23,7 @@ does not) and its estimate has seen first tokens match (P(m >= 1) >=
 FOLLOW_REACH). The estimate is an average over the request's proposals, but the proposal in hand
 may be a long match that pays (the best cut decides on the tree itself, as the engine's back-off
 does for a method alone); and only a proposal made is scored, so a leader asked only on probes
-(one step in PROBE_EVERY) is slow to learn that the text has turned its way (figures:
-docs/methods.md).
+(one step in PROBE_EVERY) is slow to learn that the text has turned its way.
 
 Costs: a window's c(s) is the engine's measured verify cost (``env.verify_cost``); a member's
 drafting cost is the running mean of its measured ``propose`` time (a draft model's forward passes
