@@ -187,7 +187,7 @@ def test_a_cheap_leader_whose_first_tokens_match_follows_at_every_step():
         return member.proposed, verified
 
     assert asked(0.12) == (12, 0)
-    assert asked(0.05) == (3, 0)  # steps 4, 8, 12
+    assert asked(0.05) == (3, 0)  # steps 1, 5, 9
     assert asked(0.12, token_cost=0.25) == (0, 0)  # its first probe waits until 2 / 0.03 = 67 steps
     assert asked(0.12, follow_share=0.0) == (3, 0)
     assert asked(FOLLOW_REACH) == (12, 0)  # the bound is inclusive
