@@ -19,11 +19,11 @@ so a member that was not chosen still learns the text.
 
 A leading member follows, proposing at every step although its average does not pay, when its
 proposal costs at most FOLLOW_SHARE of a single step (a copy drafter's does, a draft model's
-does not) and its estimate has seen first tokens match (P(m >= 1) >=
-FOLLOW_REACH). The estimate is an average over the request's proposals, but the proposal in hand
-may be a long match that pays (the best cut decides on the tree itself, as the engine's back-off
-does for a method alone); and only a proposal made is scored, so a leader asked only on probes
-(one step in PROBE_EVERY) is slow to learn that the text has turned its way.
+does not) and its estimate has seen first tokens match (P(m >= 1) >= FOLLOW_REACH). The
+estimate is an average over the request's proposals, but the proposal in hand may be a long
+match that pays (the best cut decides on the tree itself, as the engine's back-off does for a
+method alone); and only a proposal made is scored, so a leader asked only on probes (one step in
+PROBE_EVERY) is slow to learn that the text has turned its way.
 
 Costs: a window's c(s) is the engine's measured verify cost (``env.verify_cost``); a member's
 drafting cost is the running mean of its measured ``propose`` time (a draft model's forward passes
@@ -45,9 +45,9 @@ costs 2 target steps probes every 67 steps, a copy drafter every 4. A member's f
 at step (D_m + catch-up) / ``probe_share``, the catch-up being a draft model's prefill of the
 context so far (at once for a member that drafts for free). Its proposals are
 verified only once the estimate says they pay. A follower spends at most ``follow_share`` of each
-step on its proposal. With every member useless (no proposal ever
-matches the next token) no draft is verified: every step is a plain step, and each member
-proposes on at most ceil(steps / probe_every) of them (P(m >= 1) stays 0: none follows).
+step on its proposal. With every member useless (no proposal ever matches the next token) no
+draft is verified: every step is a plain step, and each member proposes on at most
+ceil(steps / probe_every) of them (P(m >= 1) stays 0: none follows).
 """
 
 from __future__ import annotations
