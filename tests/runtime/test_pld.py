@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from specrt.drafters import METHODS, DrafterEnv, Feedback, make_drafter
 from specrt.drafters.baseline import NoDraft
-from specrt.drafters.pld import PromptLookup, build_trie, continuations, ngram_matches
+from specrt.drafters.pld import NgramIndex, PromptLookup, build_trie, continuations, ngram_matches
 from specrt.errors import InvalidRequestError
 from specrt.tree import DraftTree
 from tests.helpers import as_lists, ctx
@@ -43,6 +43,45 @@ def test_ngram_matches(context, n, expected):
     hits = ngram_matches(context, n)
     assert hits.tolist() == expected
     assert hits.dtype == np.int64
+
+
+# ---------------------------------------------------------------------------------------------
+# NgramIndex
+
+
+def test_ngram_index_gives_the_scan_s_starts_as_the_context_grows():
+    index = NgramIndex(1, 3)
+    assert list(index.continuation_starts(ctx(1, 2, 3, 1, 2), 2)) == [2]  # [1, 2] at 0, followed from 2
+    assert list(index.continuation_starts(ctx(1, 2, 3, 1, 2, 4, 1, 2), 2)) == [5, 2]  # 3 tokens later
+    assert list(index.continuation_starts(ctx(1, 2, 3, 1, 2, 4, 1, 2), 1)) == [5, 2]
+    assert list(index.continuation_starts(ctx(1, 2, 3, 1, 2, 4, 1, 2), 3)) == []
+    assert list(index.continuation_starts(ctx(7, 7, 7, 7), 2)) == [3, 2]  # not an extension: afresh
+    assert list(index.continuation_starts(ctx(7, 7, 7, 7), 4)) == []  # n above the index's 3
+    assert list(index.continuation_starts(ctx(5), 1)) == [] and list(index.continuation_starts(ctx(), 1)) == []
+    grown = NgramIndex(1, 3)  # a token a step: each 3-gram is indexed across the previous call's end
+    for t in range(1, 10):
+        starts = list(grown.continuation_starts(ctx(1, 2, 3, 1, 2, 3, 1, 2, 3)[:t], 3))
+    assert starts == [6, 3]
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    tokens=st.lists(st.integers(0, 3), min_size=0, max_size=60),
+    cuts=st.lists(st.integers(0, 60), min_size=1, max_size=8),
+    lo=st.integers(1, 3),
+    extra=st.integers(0, 2),
+)
+def test_ngram_index_matches_the_scan_on_any_sequence_of_contexts(tokens, cuts, lo, extra):
+    # contexts that grow, shrink or jump (a new request), then grow a token at a time, each looked
+    # up at every n of the index
+    index, hi = NgramIndex(lo, lo + extra), lo + extra
+    sequence = np.array(tokens, np.int64)
+    for cut in sorted(cuts)[: len(cuts) // 2] + cuts + list(range(len(sequence) + 1)):
+        context = sequence[: min(cut, len(sequence))]
+        for n in range(lo, hi + 1):
+            assert list(index.continuation_starts(context, n)) == (ngram_matches(context, n) + n).tolist()
+        indexed = continuations(context, hi, lo, 4, 3, index.continuation_starts)
+        assert [c.tolist() for c in indexed] == [c.tolist() for c in continuations(context, hi, lo, 4, 3)]
 
 
 # ---------------------------------------------------------------------------------------------

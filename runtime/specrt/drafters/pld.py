@@ -7,9 +7,15 @@ occurrences the most recent comes first. Chain mode drafts from that one; tree m
 continuations of up to ``max_branches`` distinct occurrences (longest n-gram first, then most
 recent) into one trie, so shared prefixes cost one node; each branch is at most half the budget
 deep, so the best match leaves room for the others.
+
+The occurrences come from an index of the context's n-grams (:class:`NgramIndex`) that grows with
+the context, so a step looks up the suffix instead of scanning the whole sequence (a scan of
+~1,500 tokens for n = 3, 2, 1 cost 0.2-0.3 ms a step).
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable, Iterable
 
 import numpy as np
 
@@ -27,13 +33,52 @@ def ngram_matches(context: np.ndarray, n: int) -> np.ndarray:
     return hits[::-1].astype(np.int64)
 
 
-def continuations(context: np.ndarray, max_ngram: int, min_ngram: int, length: int, limit: int) -> list[np.ndarray]:
+def scanned_continuation_starts(context: np.ndarray, n: int) -> Iterable[int]:
+    """Where the tokens after each earlier occurrence of the last n tokens start, most recent
+    first (a scan of the whole context)."""
+    return ngram_matches(context, n) + n
+
+
+class NgramIndex:
+    """The end positions of every n-gram (n in [lo, hi]) of a token sequence that grows at its end:
+    ``continuation_starts(context, n)`` gives what :func:`scanned_continuation_starts` gives, from
+    a dictionary lookup. Each call indexes the tokens ``context`` added since the last one; a
+    context that does not extend the one indexed (a new request) is indexed afresh."""
+
+    def __init__(self, lo: int, hi: int):
+        self.lo, self.hi = lo, hi
+        self.ends: dict[tuple[int, ...], list[int]] = {}  # n-gram -> ends e (context[e - n : e]), ascending
+        self.indexed = np.zeros(0, np.int64)  # [k] the tokens indexed: every n-gram within them
+
+    def sync(self, context: np.ndarray) -> None:
+        """Index the n-grams of ``context[:-1]`` (an occurrence must be followed by a token)."""
+        t, k = len(context), len(self.indexed)
+        if k > t - 1 or not np.array_equal(context[:k], self.indexed):
+            self.ends.clear()
+            k = 0
+        base = max(0, k - self.hi)  # the new n-grams reach back hi - 1 tokens before position k
+        tokens = context[base : t - 1].tolist()
+        for end in range(k + 1, t):  # n-grams ending at `end` (exclusive), new since the last call
+            for n in range(self.lo, min(self.hi, end) + 1):
+                self.ends.setdefault(tuple(tokens[end - n - base : end - base]), []).append(end)
+        self.indexed = np.array(context[: max(t - 1, 0)], np.int64)
+
+    def continuation_starts(self, context: np.ndarray, n: int) -> Iterable[int]:
+        self.sync(context)
+        if n < 1 or len(context) <= n:
+            return ()
+        return reversed(self.ends.get(tuple(context[-n:].tolist()), ()))
+
+
+def continuations(context: np.ndarray, max_ngram: int, min_ngram: int, length: int, limit: int,
+                  starts: Callable[[np.ndarray, int], Iterable[int]] = scanned_continuation_starts) -> list[np.ndarray]:
     """Up to ``limit`` distinct continuations of ``length`` tokens at most, best first: longer
-    n-gram, then more recent occurrence."""
+    n-gram, then more recent occurrence. ``starts(context, n)``: where the continuations of the
+    last n tokens' earlier occurrences start, most recent first."""
     seen: set[tuple[int, ...]] = set()
     found: list[np.ndarray] = []
     for n in range(min(max_ngram, len(context) - 1), min_ngram - 1, -1):
-        if add_distinct(found, seen, context, ngram_matches(context, n) + n, length, limit):
+        if add_distinct(found, seen, context, starts(context, n), length, limit):
             break
     return found
 
@@ -42,7 +87,7 @@ def add_distinct(
     found: list[np.ndarray],
     seen: set[tuple[int, ...]],
     context: np.ndarray,
-    starts: np.ndarray,  # [m] start index of each continuation, in order of preference
+    starts: Iterable[int],  # start index of each continuation, in order of preference
     length: int,
     limit: int,
 ) -> bool:
@@ -91,16 +136,20 @@ class PromptLookup:
         self.max_ngram = max_ngram
         self.min_ngram = min_ngram
         self.max_branches = max_branches if self.tree else 1
+        self.index = NgramIndex(min_ngram, max_ngram)
 
     def propose(self, context: np.ndarray, budget: int) -> DraftTree:
         if budget < 1:
             return DraftTree.empty()
         depth = max(1, (budget + 1) // 2) if self.tree else budget
-        found = continuations(context, self.max_ngram, self.min_ngram, depth, self.max_branches)
+        found = continuations(context, self.max_ngram, self.min_ngram, depth, self.max_branches,
+                              self.index.continuation_starts)
         return build_trie(found, budget)
 
     def begin(self, prompt: np.ndarray, hidden_states: np.ndarray) -> None:
-        pass
+        # the prompt is indexed here, with the prefill, rather than in the first step's proposal
+        self.index = NgramIndex(self.min_ngram, self.max_ngram)
+        self.index.sync(np.asarray(prompt, np.int64))
 
     def observe(self, emitted: np.ndarray, feedback: Feedback) -> None:
         pass
