@@ -17,8 +17,7 @@ from specrt.backoff import Backoff
 from specrt.cost import VerifyCostModel
 from specrt.drafters import DrafterEnv, Feedback
 from specrt.drafters.auto import (
-    FOLLOW_REACH,
-    FOLLOW_SHARE,
+    EVERY_STEP_SHARE,
     PROBE_EVERY,
     PROBE_SHARE,
     Auto,
@@ -80,10 +79,11 @@ class Traced(Auto):
 
 
 def counts_controller(drafters: dict[str, object], cost: VerifyCostModel | None = None,
-                      token_cost: float = 0.0, probe_share: float = PROBE_SHARE) -> Traced:
+                      token_cost: float = 0.0, probe_share: float = PROBE_SHARE,
+                      every_step_share: float = EVERY_STEP_SHARE) -> Traced:
     cost = cost if cost is not None else VerifyCostModel()  # nothing measured: c(s) = 1 + 0.15 (s - 1)
     members = [Member(name, d, Backoff(cost), token_cost) for name, d in drafters.items()]
-    return Traced(members, cost, AutoConfig(timed=False, probe_share=probe_share))
+    return Traced(members, cost, AutoConfig(timed=False, probe_share=probe_share, every_step_share=every_step_share))
 
 
 def costs(seconds_by_size: dict[int, float]) -> VerifyCostModel:
@@ -160,37 +160,42 @@ def test_a_member_whose_drafting_costs_more_than_its_gain_is_asked_only_to_probe
     assert 0 < result.accepted == result.drafted
 
 
-def test_with_every_member_useless_it_runs_plain_steps_and_only_probes():
-    # pld finds no repeated n-gram in 10, 11, ..., 89; the two others always propose wrong tokens
+def test_with_every_member_useless_it_runs_plain_steps_only():
+    # pld finds no repeated n-gram in 10, 11, ..., 89; the two others always propose wrong tokens.
+    # Drafting is free in counts mode, so each member proposes at every step (78 steps propose);
+    # with every_step_share 0 each proposes only on probes, the bound: 20 of the 78 steps
     members = {"pld": PromptLookup(), "wrong": Knows(OUTPUT, 0, 0), "also_wrong": Knows(OUTPUT, 80, 80)}
-    auto = counts_controller(members)
-    result = simulate(auto, PROMPT, OUTPUT, budget=8)
-    assert result.drafted == 0 and result.steps == len(OUTPUT) - 1
-    probes = math.ceil((len(OUTPUT) - 2) / PROBE_EVERY)  # the probe bound: 20 of 78 proposing steps
-    assert [m.proposed for m in auto.members] == [probes] * 3
+    for share, proposals in [(EVERY_STEP_SHARE, len(OUTPUT) - 2), (0.0, math.ceil((len(OUTPUT) - 2) / PROBE_EVERY))]:
+        auto = counts_controller(members, every_step_share=share)
+        result = simulate(auto, PROMPT, OUTPUT, budget=8)
+        assert result.drafted == 0 and result.steps == len(OUTPUT) - 1
+        assert [m.proposed for m in auto.members] == [proposals] * 3
+        assert auto.choices() == {"pld": 0, "wrong": 0, "also_wrong": 0, "plain": len(OUTPUT) - 2}
 
 
-def test_a_cheap_leader_whose_first_tokens_match_follows_at_every_step():
+def test_a_cheap_member_proposes_at_every_step_and_is_verified_where_its_draft_pays():
     # P(m >= 1) = 0.12, deeper 0: a 1-deep draft earns 1.12 tokens for a window of 1.15 single steps,
-    # so no depth pays. A copy drafter (drafting free in counts mode) with that estimate follows: it
-    # proposes at every step, and its proposals stay unverified; one whose first tokens never matched
-    # (P(m >= 1) = 0.05, below FOLLOW_REACH), a draft model (a drafted token costs 0.25 of a step:
-    # 2 steps a proposal) and a controller with following off propose only as probes, every 4 steps.
-    # The estimates stay as set: nothing is observed, so no proposal is scored.
-    def asked(reach_1: float, token_cost: float = 0.0, follow_share: float = FOLLOW_SHARE) -> tuple[int, int]:
+    # so no depth pays. A copy drafter (drafting free in counts mode) proposes at every step all the
+    # same, and its proposals stay unverified; at P(m >= 1) = 0.5 each is verified cut to 1 token.
+    # A draft model (a drafted token costs 0.25 of a step: 2 steps a proposal) and, with
+    # every_step_share 0, a copy drafter that does not pay propose only as probes (the draft model's
+    # first once 2 / 0.03 = 67 steps would pay for it; the copy drafter's every 4 steps). The
+    # estimates stay as set: nothing is observed, so no proposal is scored.
+    def asked(reach_1: float, token_cost: float = 0.0, every_step_share: float = EVERY_STEP_SHARE) -> tuple[int, int]:
         cost = VerifyCostModel()
         member = Member("m", Knows(OUTPUT, 0, 80), Backoff(cost), token_cost)
         member.estimate.reach[1] = reach_1
-        auto = Auto([member], cost, AutoConfig(timed=False, follow_share=follow_share))
+        auto = Auto([member], cost, AutoConfig(timed=False, every_step_share=every_step_share))
         auto.begin(PROMPT, np.zeros((len(PROMPT), 4), np.float32))
         verified = sum(len(auto.propose(np.concatenate([PROMPT, OUTPUT[:i]]), 8)) for i in range(12))
         return member.proposed, verified
 
     assert asked(0.12) == (12, 0)
-    assert asked(0.05) == (3, 0)  # steps 1, 5, 9
-    assert asked(0.12, token_cost=0.25) == (0, 0)  # its first probe waits until 2 / 0.03 = 67 steps
-    assert asked(0.12, follow_share=0.0) == (3, 0)
-    assert asked(FOLLOW_REACH) == (12, 0)  # the bound is inclusive
+    assert asked(0.0) == (12, 0)
+    assert asked(0.5) == (12, 12)
+    assert asked(0.12, token_cost=0.25) == (0, 0)
+    assert asked(0.12, every_step_share=0.0) == (3, 0)  # steps 1, 5, 9
+    assert asked(0.5, every_step_share=0.0) == (12, 12)  # it leads and pays
 
 
 def test_a_member_that_was_not_chosen_still_observes_every_step():
@@ -211,10 +216,10 @@ def test_config_is_checked():
         AutoConfig(probe_every=0)
     with pytest.raises(InvalidRequestError, match="probe_share"):
         AutoConfig(probe_share=0.0)
-    with pytest.raises(InvalidRequestError, match="follow_share"):
-        AutoConfig(follow_share=1.5)
-    with pytest.raises(InvalidRequestError, match="follow_reach"):
-        AutoConfig(follow_reach=0.0)
+    with pytest.raises(InvalidRequestError, match="every_step_share"):
+        AutoConfig(every_step_share=1.5)
+    with pytest.raises(InvalidRequestError, match="every_step_share"):
+        AutoConfig(every_step_share=-0.1)
     with pytest.raises(InvalidRequestError, match="draft_token_cost"):
         AutoConfig(draft_token_cost=-1.0)
     member = Member("pld", PromptLookup(), Backoff(VerifyCostModel()))

@@ -5,10 +5,10 @@ datastore is loaded, ``sd`` when a draft model is loaded). Each keeps a back-off
 acceptance (:class:`specrt.backoff.Backoff`: P(m >= d), scored in hindsight against the tokens the
 request emitted, whether or not its proposal was verified). A step:
 
-    asked   = the member whose best chain promises most, if it pays for its window and its
-              drafting cost, or if it follows (below); and the members whose probe is due
-              (PROBE_EVERY steps since it last proposed, more for a member whose proposal costs
-              more than PROBE_SHARE of those steps)
+    asked   = every member whose proposal costs at most EVERY_STEP_SHARE of a single step (below);
+              the member whose best chain promises most, if it pays for its window and its
+              drafting cost; and the members whose probe is due (PROBE_EVERY steps since it last
+              proposed, more for a member whose proposal costs more than PROBE_SHARE of those steps)
     D       = the asked members' drafting cost this step, in single steps (c(1) = 1)
     choose  = argmax over asked members m and depths k of  (1 + E_m[min(a, k)]) / (c(n_k + 1) / c(1) + D)
               against a plain step's 1 / (1 + D); ties go to the member listed first
@@ -17,13 +17,14 @@ and the chosen tree, cut to depth k, is verified (empty: a plain step). Every me
 step's emitted tokens and the verifier's feedback (for the verified window, whoever proposed it),
 so a member that was not chosen still learns the text.
 
-A leading member follows, proposing at every step although its average does not pay, when its
-proposal costs at most FOLLOW_SHARE of a single step (a copy drafter's does, a draft model's
-does not) and its estimate has seen first tokens match (P(m >= 1) >= FOLLOW_REACH). The
-estimate is an average over the request's proposals, but the proposal in hand may be a long
-match that pays (the best cut decides on the tree itself, as the engine's back-off does for a
-method alone); and only a proposal made is scored, so a leader asked only on probes (one step in
-PROBE_EVERY) is slow to learn that the text has turned its way.
+A member whose proposal costs at most EVERY_STEP_SHARE of a single step (a copy drafter's: 0.05-0.3
+ms against 15 ms for the 0.5B int4 on 2 cores; a draft model's does not) proposes at every step,
+whatever its estimate. The estimate is an average over the request's proposals, but the proposal in hand may
+be a long match that pays: the best cut decides on the tree itself, as the engine's back-off does
+for a method alone, and a draft that does not pay is not verified. Asked only when its average
+paid, ``suffix_decoding`` as the only member verified 1.62 tokens a step on Spec-Bench where the
+method alone verified 1.67-1.68 (docs/methods.md has the command); only a proposal made is scored, so
+a member asked on probes is also slow to learn that the text has turned its way.
 
 Costs: a window's c(s) is the engine's measured verify cost (``env.verify_cost``); a member's
 drafting cost is the running mean of its measured ``propose`` time (a draft model's forward passes
@@ -44,10 +45,10 @@ probing spends at most ``probe_share`` of the steps on drafting: a draft model w
 costs 2 target steps probes every 67 steps, a copy drafter every 4. A member's first probe comes
 at step (D_m + catch-up) / ``probe_share``, the catch-up being a draft model's prefill of the
 context so far (at once for a member that drafts for free). Its proposals are
-verified only once the estimate says they pay. A follower spends at most ``follow_share`` of each
-step on its proposal. With every member useless (no proposal ever matches the next token) no
-draft is verified: every step is a plain step, and each member proposes on at most
-ceil(steps / probe_every) of them (P(m >= 1) stays 0: none follows).
+verified only once the estimate says they pay. With every member useless (no proposal ever
+matches the next token) no draft is verified: every step is a plain step, and each member proposes on at most
+ceil(steps / probe_every) of them, but a member that proposes at every step: it spends at most
+``every_step_share`` of each step on its proposal.
 """
 
 from __future__ import annotations
@@ -70,8 +71,7 @@ from specrt.tree import DraftTree
 
 PROBE_EVERY = 4  # steps between the proposals of a member that does not pay, at least
 PROBE_SHARE = 0.03  # the share of the steps since its last proposal that a probe may cost, at most
-FOLLOW_SHARE = 0.02  # a leader proposes at every step if a proposal costs at most this share of a single step
-FOLLOW_REACH = 0.1  # ... and its estimated P(m >= 1) is at least this: its first tokens do match
+EVERY_STEP_SHARE = 0.02  # a member proposes at every step if a proposal costs at most this share of a single step
 # a draft model's prefill of one context token it has not seen, in target single steps: a prior
 # (a batched pass, a fraction of a drafted token) for its first probe, which catches the whole
 # context up; measured propose times replace it after that
@@ -84,8 +84,7 @@ ESTIMATE_STATE_KEY = "auto/estimates"  # env.state key of the members' acceptanc
 class AutoConfig:
     probe_every: int = PROBE_EVERY
     probe_share: float = PROBE_SHARE
-    follow_share: float = FOLLOW_SHARE  # 0: a leader that does not pay proposes only as a probe
-    follow_reach: float = FOLLOW_REACH
+    every_step_share: float = EVERY_STEP_SHARE  # 0: a member proposes only when it leads and pays, or to probe
     timed: bool = True  # drafting costs from measured propose times; False: from counts (seeded sampling)
     draft_token_cost: float = DRAFT_TOKEN_COST  # counts mode, for members with ``token_cost`` None
 
@@ -94,10 +93,8 @@ class AutoConfig:
             raise InvalidRequestError(f"probe_every must be an int >= 1, got {self.probe_every!r}")
         if not 0.0 < self.probe_share <= 1.0:
             raise InvalidRequestError(f"probe_share must be in (0, 1], got {self.probe_share!r}")
-        if not 0.0 <= self.follow_share <= 1.0:
-            raise InvalidRequestError(f"follow_share must be in [0, 1], got {self.follow_share!r}")
-        if not 0.0 < self.follow_reach <= 1.0:
-            raise InvalidRequestError(f"follow_reach must be in (0, 1], got {self.follow_reach!r}")
+        if not 0.0 <= self.every_step_share <= 1.0:
+            raise InvalidRequestError(f"every_step_share must be in [0, 1], got {self.every_step_share!r}")
         if not self.draft_token_cost >= 0.0:
             raise InvalidRequestError(f"draft_token_cost must be >= 0, got {self.draft_token_cost!r}")
 
@@ -195,13 +192,11 @@ class Auto:
             return self.step >= (self.drafting_cost(member, budget) + member.catch_up_cost * context_len) / share
         return self.step - member.last_asked >= max(self.config.probe_every, self.drafting_cost(member, budget) / share)
 
-    def follows(self, member: Member, budget: int) -> bool:
-        """Whether ``member``, leading, proposes although its promise does not pay (the module
-        docstring): a proposal costs at most ``follow_share`` of a single step and its estimated
-        P(m >= 1) is at least ``follow_reach``."""
-        share = self.config.follow_share
-        return share > 0 and member.estimate.reach[1] >= self.config.follow_reach and \
-            self.drafting_cost(member, budget) <= share
+    def every_step(self, member: Member, budget: int) -> bool:
+        """Whether ``member`` proposes at every step (the module docstring): a proposal costs at most
+        ``every_step_share`` of a single step."""
+        share = self.config.every_step_share
+        return share > 0 and self.drafting_cost(member, budget) <= share
 
     # -- the drafter protocol
 
@@ -219,13 +214,17 @@ class Auto:
         self.last_choice = None
         offers: list[tuple[Member, DraftTree]] = []
         drafting = 0.0  # single steps spent on this step's proposals
-        # the member that promises most, if it pays or follows, and the members whose probe is due;
-        # the others would only spend their drafting cost on a draft that is not expected to win
-        promises = [self.promise(member, budget) for member in self.members]
-        leader = max(range(len(self.members)), key=lambda i: promises[i])  # ties: the first listed
+        # the members that cost next to nothing, the one that promises most if it pays, and those
+        # whose probe is due; the others would only spend their drafting cost on a draft that is
+        # not expected to win (the promises are needed only when a member is not asked anyway)
+        every = [self.every_step(member, budget) for member in self.members]
+        leader = None
+        if not all(every):
+            promises = [self.promise(member, budget) for member in self.members]
+            best_i = max(range(len(self.members)), key=lambda i: promises[i])  # ties: the first listed
+            leader = best_i if promises[best_i] > 1.0 else None
         for i, member in enumerate(self.members):
-            leads = i == leader and (promises[i] > 1.0 or self.follows(member, budget))
-            if not (leads or self.probe_due(member, budget, len(context))):
+            if not (every[i] or i == leader or self.probe_due(member, budget, len(context))):
                 continue
             t0 = time.perf_counter()
             tree = member.drafter.propose(context, budget)
