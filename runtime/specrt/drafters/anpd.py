@@ -25,7 +25,7 @@ from __future__ import annotations
 import numpy as np
 
 from specrt.drafters.base import DrafterEnv, Feedback
-from specrt.drafters.pld import build_trie, continuations
+from specrt.drafters.pld import NgramIndex, build_trie, continuations
 from specrt.tree import DraftTree
 
 
@@ -62,15 +62,18 @@ class AdaptiveNgram:
         self.max_branches = max_branches if tree else 1
         self.ngram = min_ngram  # current MLN level: the shortest n-gram allowed to match
         self.draft_len = init_draft  # current draft length (branch depth in tree mode)
+        self.index = NgramIndex(min_ngram, max_ngram)  # the context's n-grams at every level
 
     def begin(self, prompt: np.ndarray, hidden_states: np.ndarray) -> None:
-        pass
+        self.index = NgramIndex(self.min_ngram, self.max_ngram)
+        self.index.sync(np.asarray(prompt, np.int64))
 
     def propose(self, context: np.ndarray, budget: int) -> DraftTree:
         if budget < 1:
             return DraftTree.empty()
         depth = min(self.draft_len, max(1, (budget + 1) // 2) if self.tree else budget)
-        found = continuations(context, self.max_ngram, self.ngram, depth, self.max_branches)
+        found = continuations(context, self.max_ngram, self.ngram, depth, self.max_branches,
+                              self.index.continuation_starts)
         return build_trie(found, budget)
 
     def observe(self, emitted: np.ndarray, feedback: Feedback) -> None:
