@@ -17,14 +17,15 @@ and the chosen tree, cut to depth k, is verified (empty: a plain step). Every me
 step's emitted tokens and the verifier's feedback (for the verified window, whoever proposed it),
 so a member that was not chosen still learns the text.
 
-A member whose proposal costs at most EVERY_STEP_SHARE of a single step (a copy drafter's: 0.05-0.3
-ms against 15 ms for the 0.5B int4 on 2 cores; a draft model's does not) proposes at every step,
-whatever its estimate. The estimate is an average over the request's proposals, but the proposal in hand may
-be a long match that pays: the best cut decides on the tree itself, as the engine's back-off does
-for a method alone, and a draft that does not pay is not verified. Asked only when its average
-paid, ``suffix_decoding`` as the only member verified 1.62 tokens a step on Spec-Bench where the
-method alone verified 1.67-1.68 (docs/methods.md has the command); only a proposal made is scored, so
-a member asked on probes is also slow to learn that the text has turned its way.
+A member whose proposal costs at most EVERY_STEP_SHARE of a single step (a copy drafter's:
+0.05-0.3 ms against 15 ms for the 0.5B int4 on 2 cores; a draft model's does not) proposes at
+every step, whatever its estimate. The estimate is an average over the request's proposals, but
+the proposal in hand may be a long match that pays: the best cut decides on the tree itself, as
+the engine's back-off does for a method alone, and a draft that does not pay is not verified.
+Asked only when its average paid, ``suffix_decoding`` as the only member verified 1.62 tokens a
+step on Spec-Bench where the method alone verified 1.67-1.68 (docs/methods.md has the command);
+only a proposal made is scored, so a member asked on probes is also slow to learn that the text
+has turned its way.
 
 Costs: a window's c(s) is the engine's measured verify cost (``env.verify_cost``); a member's
 drafting cost is the running mean of its measured ``propose`` time (a draft model's forward passes
@@ -38,17 +39,17 @@ Output never depends on the controller: it only picks which tokens are verified,
 step is exact (greedy) or keeps the target's law (sampling: deterministic drafts by
 ``walk_sampling``, a draft model's sampled chain by recursive rejection sampling on its q rows).
 
-Probe bound: a member that neither pays nor follows proposes, unverified, once every
-max(``probe_every``, D_m / ``probe_share``) steps, where D_m is what one of its proposals costs
-(a full-budget draft; measured, or counted in seeded mode and before its first proposal), so
-probing spends at most ``probe_share`` of the steps on drafting: a draft model whose 8-token draft
-costs 2 target steps probes every 67 steps, a copy drafter every 4. A member's first probe comes
-at step (D_m + catch-up) / ``probe_share``, the catch-up being a draft model's prefill of the
-context so far (at once for a member that drafts for free). Its proposals are
-verified only once the estimate says they pay. With every member useless (no proposal ever
-matches the next token) no draft is verified: every step is a plain step, and each member proposes on at most
-ceil(steps / probe_every) of them, but a member that proposes at every step: it spends at most
-``every_step_share`` of each step on its proposal.
+Probe bound: a member that neither proposes at every step nor pays proposes, unverified, once
+every max(``probe_every``, D_m / ``probe_share``) steps, where D_m is what one of its proposals
+costs (a full-budget draft; measured, or counted in seeded mode and before its first proposal),
+so probing spends at most ``probe_share`` of the steps on drafting: a draft model whose 8-token
+draft costs 2 target steps probes every 67 steps, a copy drafter with ``every_step_share`` 0
+every 4. A member's first probe comes at step (D_m + catch-up) / ``probe_share``, the catch-up
+being a draft model's prefill of the context so far (at once for a member that drafts for free).
+Its proposals are verified only once the estimate says they pay. With every member useless (no
+proposal ever matches the next token) no draft is verified: every step is a plain step; a member
+that proposes at every step spends at most ``every_step_share`` of each on its proposal, any
+other proposes on at most ceil(steps / probe_every) of them.
 """
 
 from __future__ import annotations
