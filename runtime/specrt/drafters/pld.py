@@ -56,6 +56,8 @@ class NgramIndex:
         if k > t - 1 or not np.array_equal(context[:k], self.indexed):
             self.ends.clear()
             k = 0
+        elif k == t - 1:
+            return  # indexed already (a step looks up several n in the same context)
         base = max(0, k - self.hi)  # the new n-grams reach back hi - 1 tokens before position k
         tokens = context[base : t - 1].tolist()
         for end in range(k + 1, t):  # n-grams ending at `end` (exclusive), new since the last call
