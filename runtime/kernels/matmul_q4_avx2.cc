@@ -1,8 +1,8 @@
 // MatMulQ4 for AVX2 + FMA + F16C: the scalar definition's bits (matmul_q4.h), 8 columns per register.
-// Rows go through a half tile 4 at a time, sharing each block's weight load and unpack, so extra
-// rows of a window cost their multiply-adds and little else; one or two rows (a single step, the
-// last rows of a window) go through the whole tile at once, sharing the activations' broadcasts
-// and the block's epilogue between its two halves, with two independent sums per row.
+// Rows go through a whole tile (16 columns, two registers a row) 4 at a time, sharing each block's
+// weight load and unpack, so extra rows of a window cost their multiply-adds and little else, and
+// each row's activation broadcasts and epilogue operands serve both halves of the tile. The last
+// 1 to 3 rows (a single step among them) take a pass of their own.
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -87,46 +87,13 @@ void store_half(const Q4Weights& w, const __m256* acc, int count, int stride, in
   }
 }
 
-// Rows r0 .. r0 + R - 1, the 8 columns of half `half` of tile t, into y. Per block the weights are
-// loaded and unpacked once for the R rows; sums and accumulators stay in registers. Not inlined:
-// each row count gets its own tight loop, which profiles name.
-template <int R>
-__attribute__((noinline)) void half_tile(const Q4Weights& w, const QuantizedRows& rows, int64_t r0, int64_t t, int64_t half, float* y) {
-  const int64_t blocks = w.k / kQ4Block;
-  const __m256i nibble = _mm256_set1_epi8(0x0F);
-  const __m256i ones = _mm256_set1_epi16(1);
-  const uint8_t* packed = w.packed + t * blocks * kQ4TileBytes + 32 * half;
-  const uint16_t* scales = w.scales + t * blocks * kQ4Tile + 8 * half;
-  __m256 acc[R];
-  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
-  for (int64_t b = 0; b < blocks; ++b) {
-    __m256i sums[R];  // 16-bit pair sums of the block, below 30480 (matmul_q4.h)
-    for (int r = 0; r < R; ++r) sums[r] = _mm256_setzero_si256();
-    for (int g = 0; g < 4; ++g) {  // k = 8g .. 8g + 3 in the low nibbles, 8g + 4 .. 8g + 7 in the high
-      _mm_prefetch(reinterpret_cast<const char*>(packed + b * kQ4TileBytes + 64 * g + kQ4PrefetchAhead), _MM_HINT_T0);
-      const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(packed + b * kQ4TileBytes + 64 * g));
-      const __m256i low = _mm256_and_si256(v, nibble), high = _mm256_and_si256(_mm256_srli_epi16(v, 4), nibble);
-      for (int r = 0; r < R; ++r) {
-        const int8_t* a = rows.xq + (r0 + r) * w.k + b * kQ4Block + 8 * g;
-        sums[r] = _mm256_add_epi16(sums[r], _mm256_maddubs_epi16(low, _mm256_set1_epi32(load32(a))));
-        sums[r] = _mm256_add_epi16(sums[r], _mm256_maddubs_epi16(high, _mm256_set1_epi32(load32(a + 4))));
-        // keeps each row's running sum in its register: left alone, GCC reassociates the integer adds
-        // into trees over all 8 products of all R rows and spills them to the stack (2x slower)
-        asm("" : "+x"(sums[r]));
-      }
-    }
-    const __m256 scale = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(scales + b * kQ4Tile)));
-    for (int r = 0; r < R; ++r) {
-      const int64_t at = (r0 + r) * blocks + b;
-      const __m256i dot = _mm256_sub_epi32(_mm256_madd_epi16(sums[r], ones), _mm256_set1_epi32(rows.offset[at]));
-      acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_mul_ps(scale, _mm256_set1_ps(rows.dx[at])), acc[r]);
-    }
-  }
-  store_half(w, acc, R, 1, r0, t * kQ4Tile + 8 * half, y);
-}
-
-// Rows r0 .. r0 + R - 1, both halves of tile t, into y: the same float chains as half_tile's, with each
-// block's activation broadcasts and epilogue loads shared by the halves. R <= 2: 4 registers a row.
+// Rows r0 .. r0 + R - 1 (R <= 4), both halves of tile t, into y: per block the weights are loaded and
+// unpacked once for the R rows, and each row's activation broadcasts and epilogue operands serve both
+// halves. The 16 registers hold the R x 2 integer sums and the unpacked weights; from R = 3 on the
+// float accumulators live on the stack (a load and a store beside each block's multiply-add). Against
+// half tiles of 4 rows, which kept them in registers but loaded every broadcast and epilogue operand
+// once per half, a row of a window takes ~18% fewer instructions (docs/kernels.md, MatMulQ4).
+// Not inlined: each row count gets its own tight loop, which profiles name.
 template <int R>
 __attribute__((noinline)) void whole_tile(const Q4Weights& w, const QuantizedRows& rows, int64_t r0, int64_t t,
                                           float* y) {
@@ -138,7 +105,7 @@ __attribute__((noinline)) void whole_tile(const Q4Weights& w, const QuantizedRow
   __m256 acc[2 * R];  // row r, half h: acc[2 * r + h]
   for (int i = 0; i < 2 * R; ++i) acc[i] = _mm256_setzero_ps();
   for (int64_t b = 0; b < blocks; ++b) {
-    __m256i sums[R][2];  // 16-bit pair sums per half, as half_tile's
+    __m256i sums[R][2];  // 16-bit pair sums of the block per half, below 30480 (matmul_q4.h)
     for (int r = 0; r < R; ++r) sums[r][0] = sums[r][1] = _mm256_setzero_si256();
     for (int g = 0; g < 4; ++g) {
       const uint8_t* line = packed + b * kQ4TileBytes + 64 * g;
@@ -155,7 +122,9 @@ __attribute__((noinline)) void whole_tile(const Q4Weights& w, const QuantizedRow
         for (int h = 0; h < 2; ++h)  // integer sums: exact in any order
           sums[r][h] = _mm256_add_epi16(sums[r][h], _mm256_add_epi16(_mm256_maddubs_epi16(low[h], a_low),
                                                                      _mm256_maddubs_epi16(high[h], a_high)));
-        asm("" : "+x"(sums[r][0]), "+x"(sums[r][1]));  // as in half_tile
+        // keeps each row's running sums in their registers: left alone, GCC reassociates the integer
+        // adds into trees over all the products of all R rows and spills them to the stack (2x slower)
+        asm("" : "+x"(sums[r][0]), "+x"(sums[r][1]));
       }
     }
     __m256 scale[2];
@@ -178,12 +147,10 @@ __attribute__((noinline)) void whole_tile(const Q4Weights& w, const QuantizedRow
 
 void matmul_q4(const Q4Weights& w, const QuantizedRows& rows, int64_t m, int64_t tile_begin, int64_t tile_end,
                float* y) {
-  const int64_t fours = m / 4 * 4, rest = m - fours;  // rows by half tiles of 4 (3 left: one of 3)
+  const int64_t fours = m / 4 * 4, rest = m - fours;
   for (int64_t t = tile_begin; t < tile_end; ++t) {
-    for (int64_t half = 0; half < 2 && t * kQ4Tile + 8 * half < w.n; ++half) {
-      for (int64_t r0 = 0; r0 < fours; r0 += 4) half_tile<4>(w, rows, r0, t, half, y);
-      if (rest == 3) half_tile<3>(w, rows, fours, t, half, y);
-    }
+    for (int64_t r0 = 0; r0 < fours; r0 += 4) whole_tile<4>(w, rows, r0, t, y);
+    if (rest == 3) whole_tile<3>(w, rows, fours, t, y);
     if (rest == 2) whole_tile<2>(w, rows, fours, t, y);
     if (rest == 1) whole_tile<1>(w, rows, fours, t, y);
   }
