@@ -37,12 +37,12 @@ from specrt.tree import DraftTree
 def matched_length(tree: DraftTree, following: np.ndarray) -> int:
     """Nodes the greedy walk would accept if the target emitted ``following`` ([k] int64) next:
     the depth of the deepest tree path that spells a prefix of ``following``."""
-    depth = tree.depths()
-    matched = np.zeros(len(tree), bool)
+    follow = following.tolist()  # Python ints: this runs for every pending proposal at every step
+    matched = [False] * len(tree)
     best = 0
-    for i, (token, parent) in enumerate(zip(tree.token_ids, tree.parents, strict=True)):
-        d = int(depth[i])
-        if d <= len(following) and token == following[d - 1] and (parent < 0 or matched[parent]):
+    for i, (token, parent, d) in enumerate(zip(tree.token_ids.tolist(), tree.parents.tolist(),
+                                               tree.depths().tolist(), strict=True)):
+        if d <= len(follow) and token == follow[d - 1] and (parent < 0 or matched[parent]):
             matched[i] = True
             best = max(best, d)
     return best

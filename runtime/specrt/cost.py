@@ -19,8 +19,6 @@ import bisect
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-
 DEFAULT_SLOPE = 0.15  # extra cost per extra position, relative to s = 1, before anything is measured
 
 
@@ -92,14 +90,19 @@ class _Fit:
 
     @staticmethod
     def of(sizes: list[int], fitted: list[float]) -> _Fit:
-        x, y = np.array(sizes, np.float64), np.array(fitted, np.float64)  # [m], [m] seconds
-        if len(x) == 1:
-            slope = float(y[0] * DEFAULT_SLOPE / (1 + DEFAULT_SLOPE * (x[0] - 1)))
+        """sizes: [m] ascending; fitted: [m] seconds. Python floats, not numpy: m is a few dozen at
+        most, and the fit runs once per verify pass (numpy's per-call overhead made it ~50 us)."""
+        m = len(sizes)
+        if m == 1:
+            slope = fitted[0] * DEFAULT_SLOPE / (1 + DEFAULT_SLOPE * (sizes[0] - 1))
+            mean_x, mean_y = float(sizes[0]), fitted[0]
         else:
-            dx = x - x.mean()
-            slope = float(dx @ (y - y.mean()) / (dx @ dx))
-        floor = float(y[0]) if len(x) > 1 else 0.0
-        return _Fit(tuple(sizes), tuple(fitted), float(y.mean() - slope * x.mean()), slope, floor)
+            mean_x, mean_y = sum(sizes) / m, sum(fitted) / m
+            dx = [x - mean_x for x in sizes]
+            slope = sum(d * (y - mean_y) for d, y in zip(dx, fitted, strict=True)) / sum(d * d for d in dx)
+        floor = fitted[0] if m > 1 else 0.0
+        return _Fit(tuple(sizes), tuple(float(y) for y in fitted), float(mean_y - slope * mean_x), float(slope),
+                    float(floor))
 
     def at(self, s: int) -> float:
         i = bisect.bisect_left(self.sizes, s)

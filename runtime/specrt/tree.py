@@ -29,7 +29,9 @@ class DraftTree:
                 "must be 1-D arrays of the same length"
             )
         n = len(self.parents)
-        if n and (np.any(self.parents < -1) or np.any(self.parents >= np.arange(n))):
+        # Python ints: drafters build a tree or two a step, of a few dozen nodes at most, where
+        # numpy's two comparisons cost ~10 us
+        if n and not all(-1 <= p < i for i, p in enumerate(self.parents.tolist())):
             raise ValueError(f"DraftTree: parents must satisfy -1 <= parents[i] < i, got {self.parents.tolist()}")
         if self.draft_probs is not None and (self.draft_probs.ndim != 2 or len(self.draft_probs) != n):
             raise ValueError(f"DraftTree: draft_probs {self.draft_probs.shape} must be [n, vocab] with n = {n}")
@@ -46,10 +48,17 @@ class DraftTree:
     def __len__(self) -> int:
         return len(self.token_ids)
 
-    def depths(self) -> np.ndarray:  # [n] int64, 1 for children of the root
-        depth = np.zeros(len(self), np.int64)
-        for i, p in enumerate(self.parents):
-            depth[i] = 1 if p < 0 else depth[p] + 1
+    def depths(self) -> np.ndarray:  # [n] int64, 1 for children of the root; read-only
+        """Each node's depth, computed once per tree: the engine, the back-off and ``auto`` ask
+        for it several times a step."""
+        depth = self.__dict__.get("_depths")
+        if depth is None:
+            levels: list[int] = []
+            for p in self.parents.tolist():  # Python ints: a numpy scalar per node costs ~10x more
+                levels.append(1 if p < 0 else levels[p] + 1)
+            depth = np.array(levels, np.int64)
+            depth.setflags(write=False)
+            object.__setattr__(self, "_depths", depth)  # frozen: a cache, not a field
         return depth
 
     def is_chain(self) -> bool:
