@@ -83,15 +83,17 @@ class Backoff:
             return max(window / one, 1.0)  # a window does more work than one step: less is timing noise
         return default_cost_ratio(s)
 
-    def cost_ratios(self, n: int) -> np.ndarray:
-        """[n] float64: :meth:`cost_ratio` of s = 1 .. n, in one pass over the cost model."""
-        s = np.arange(1, n + 1)
-        default = default_cost_ratio(s)
+    def cost_ratios(self, n: int) -> list[float]:
+        """[n] :meth:`cost_ratio` of s = 1 .. n, in one pass over the cost model (Python floats: n is
+        a budget of a few dozen at most, and callers index it per depth)."""
         one = self.cost.estimate(1)
         if one <= 0:
-            return default
-        window = np.array([self.cost.estimate(int(k)) for k in s], np.float64)
-        return np.where(window > 0, np.maximum(window / one, 1.0), default)
+            return [default_cost_ratio(s) for s in range(1, n + 1)]
+        ratios = []
+        for s in range(1, n + 1):
+            window = self.cost.estimate(s)
+            ratios.append(max(window / one, 1.0) if window > 0 else default_cost_ratio(s))
+        return ratios
 
     def expected_accepted(self, depth: int) -> float:
         """E[min(m, depth)]: accepted tokens of a proposal cut to ``depth``."""
@@ -114,26 +116,35 @@ class Backoff:
             deepest = min(int(tree.depths().max()), len(self.reach) - 1)
             self._pending.append(_Pending(tree, context_len, deepest))
 
-    def best_cut(self, tree: DraftTree, drafting: float = 0.0, ratios: np.ndarray | None = None) -> tuple[int, float]:
+    def best_cut(self, tree: DraftTree, drafting: float = 0.0, ratios: list[float] | None = None) -> tuple[int, float]:
         """(k*, rate): the depth that maximises expected tokens per unit of cost, and that rate, when the
         step has already spent ``drafting`` (in single steps, c(1) = 1) on proposals; k* = 0 is a
         plain step, rate 1 / (1 + drafting). ``ratios``: :meth:`cost_ratios` of at least the tree's
-        size + 1, when the caller has them (else read here). Ties go to the shallower cut."""
+        size + 1, when the caller has them (else read here). Ties go to the shallower cut.
+
+        Python numbers, not numpy: a tree has a few dozen nodes at most, and this runs for every
+        offer at every step, where a numpy call's overhead outweighs its work."""
         plain = 1.0 / (1.0 + drafting)
         if not len(tree):
             return 0, plain
-        depths = tree.depths()
-        deepest = min(int(depths.max()), len(self.reach) - 1)
-        sizes = np.bincount(depths, minlength=deepest + 1)[: deepest + 1].cumsum()  # nodes at depth <= k
-        accepted = self.reach[1 : deepest + 1].cumsum()  # [deepest] E[min(m, k)] for k = 1 .. deepest
-        if ratios is None or len(ratios) < sizes[deepest] + 1:
-            ratios = self.cost_ratios(int(sizes[deepest]) + 1)
-        # [deepest] the rate of each cut k; its window is sizes[k] + 1 positions, whose ratio is ratios[sizes[k]]
-        rates = (1.0 + accepted) / (ratios[sizes[1:]] + drafting)
-        k = int(np.argmax(rates))  # the first of equal rates
-        if rates[k] > plain:
-            return k + 1, float(rates[k])
-        return 0, plain
+        depths = tree.depths().tolist()
+        deepest = min(max(depths), len(self.reach) - 1)
+        at_depth = [0] * (deepest + 1)  # nodes at depth d
+        for d in depths:
+            if d <= deepest:
+                at_depth[d] += 1
+        size = sum(at_depth)  # nodes at depth <= deepest
+        if ratios is None or len(ratios) < size + 1:
+            ratios = self.cost_ratios(size + 1)
+        best, best_rate = 0, plain
+        accepted, nodes = 0.0, 0  # E[min(m, k)], nodes at depth <= k
+        for k, reach in enumerate(self.reach[1 : deepest + 1].tolist(), start=1):
+            accepted += reach
+            nodes += at_depth[k]
+            rate = (1.0 + accepted) / (ratios[nodes] + drafting)  # a window of nodes + 1 positions
+            if rate > best_rate:  # strictly: the first of equal rates, and above a plain step
+                best, best_rate = k, rate
+        return best, best_rate
 
     def observe_context(self, context: np.ndarray) -> None:
         """Score every pending proposal whose accepted depth ``context`` ([t] int64) now settles:
@@ -145,10 +156,14 @@ class Backoff:
             if m == len(following) < item.depth:  # every known token matched: deeper ones decide
                 waiting.append(item)
                 continue
-            d = np.arange(1, item.depth + 1)
             # the mean of the first proposals (after one pseudo-proposal that matched nothing), then
             # an exponential mean: the first matches count at once, later ones track the workload
-            weight = np.maximum(1 - self.decay, 1 / (self.seen[d] + 2))
-            self.reach[d] += weight * ((d <= m) - self.reach[d])
-            self.seen[d] += 1
+            # (Python numbers: a few depths per proposal, numpy's per-call overhead would dominate)
+            end = item.depth + 1
+            reach, seen = self.reach[1:end].tolist(), self.seen[1:end].tolist()
+            floor = 1.0 - self.decay
+            for i in range(item.depth):  # depth d = i + 1
+                reach[i] += max(floor, 1.0 / (seen[i] + 2)) * ((i < m) - reach[i])
+            self.reach[1:end] = reach
+            self.seen[1:end] += 1
         self._pending = waiting

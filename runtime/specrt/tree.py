@@ -71,9 +71,13 @@ class DraftTree:
 
     def truncated(self, depth: int) -> DraftTree:
         """The nodes at depth <= ``depth`` (node order kept, parents renumbered)."""
-        keep = np.flatnonzero(self.depths() <= depth)
-        if len(keep) == len(self):
+        depths = self.depths().tolist()
+        kept = sum(d <= depth for d in depths)
+        if kept == len(self):
             return self
+        if all(d <= depth for d in depths[:kept]):  # a prefix of the node order (a chain's cut): indices unchanged
+            return self.first(kept)
+        keep = np.flatnonzero(self.depths() <= depth)
         renumber = np.full(len(self), -1, np.int64)
         renumber[keep] = np.arange(len(keep))
         parents = np.where(self.parents[keep] < 0, -1, renumber[self.parents[keep]])

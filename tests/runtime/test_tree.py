@@ -115,6 +115,20 @@ def test_depths_and_children():
     assert tree.children(2).tolist() == []  # a leaf
 
 
+def test_truncated_keeps_the_nodes_up_to_a_depth_and_renumbers_their_parents():
+    # the tree above: depth 1 keeps n0, n1, n3 (not a prefix of the node order: n2 sits between)
+    tree = DraftTree(np.array([1, 2, 3, 4, 5]), np.array([-1, -1, 0, -1, 1]))
+    cut = tree.truncated(1)
+    assert cut.token_ids.tolist() == [1, 2, 4] and cut.parents.tolist() == [-1, -1, -1]
+    assert tree.truncated(2) is tree
+    # a chain's cut is its first nodes (the prefix path), and so is a tree whose deeper nodes come last
+    chain = DraftTree.chain([7, 8, 9, 10])
+    assert chain.truncated(2).token_ids.tolist() == [7, 8] and chain.truncated(2).parents.tolist() == [-1, 0]
+    late = DraftTree(np.array([1, 2, 3, 4]), np.array([-1, -1, 0, 2]))
+    assert late.truncated(2).token_ids.tolist() == [1, 2, 3] and late.truncated(2).parents.tolist() == [-1, -1, 0]
+    assert len(late.truncated(0)) == 0
+
+
 @pytest.mark.parametrize(
     "parents",
     [

@@ -58,7 +58,6 @@ import dataclasses
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
@@ -154,19 +153,21 @@ class Auto:
         self.plain = 0  # steps whose proposals all lost to a plain step (or none was made)
         self.last_choice: str | None = None  # the member whose tree the last step verified
         self._context = np.zeros(0, np.int64)  # [t] the context after the last step
-        self._ratios: dict[int, np.ndarray] = {}  # id of a cost model -> its cost ratios, this step
+        self._ratios: dict[int, list[float]] = {}  # id of a cost model -> its cost ratios, this step
+        self._one: float | None = None  # c(1) in seconds, this step (read at its first use)
 
     # -- costs, in single steps (c(1) = 1)
 
-    def drafting_cost(self, member: Member, drafted: Any) -> Any:
-        """What one proposal of ``drafted`` tokens (an int or an array of them) by ``member`` costs,
-        in single steps."""
-        one = self.cost.estimate(1)
+    def drafting_cost(self, member: Member, drafted: int) -> float:
+        """What one proposal of ``drafted`` tokens by ``member`` costs, in single steps."""
+        one = self._one
+        if one is None:
+            one = self._one = self.cost.estimate(1)  # once a step: the engine's estimate takes a lock
         if self.config.timed and member.propose_s is not None and one > 0:
             return member.propose_s / one
         return member.token_cost * drafted
 
-    def ratios(self, estimate: Backoff, budget: int) -> np.ndarray:
+    def ratios(self, estimate: Backoff, budget: int) -> list[float]:
         """[budget + 1] c(s) / c(1) for s = 1 .. budget + 1 on ``estimate``'s cost model, read once a step."""
         key = id(estimate.cost)
         ratios = self._ratios.get(key)
@@ -179,12 +180,12 @@ class Auto:
         k <= ``budget`` from ``member`` is expected to reach, in tokens per single step (a plain
         step: 1.0; 0.0 when no depth is possible)."""
         estimate = member.estimate
-        accepted = estimate.reach[1 : budget + 1].cumsum()  # [k] E[min(m, k)] for k = 1 .. budget
-        if not len(accepted):
-            return 0.0
-        k = np.arange(1, len(accepted) + 1)
-        window = self.ratios(estimate, budget)[k]  # c(k + 1) / c(1)
-        return float(((1.0 + accepted) / (window + self.drafting_cost(member, k))).max())
+        ratios = self.ratios(estimate, budget)
+        best, accepted = 0.0, 0.0  # accepted: E[min(m, k)]
+        for k, reach in enumerate(estimate.reach[1 : budget + 1].tolist(), start=1):
+            accepted += reach
+            best = max(best, (1.0 + accepted) / (ratios[k] + self.drafting_cost(member, k)))  # c(k + 1) / c(1)
+        return best
 
     def probe_due(self, member: Member, budget: int, context_len: int) -> bool:
         """Whether ``member`` proposes this step as a probe (whether or not it pays)."""
@@ -211,6 +212,7 @@ class Auto:
         if isinstance(self.cost, MeasuredCost):
             self.cost.new_step()
         self._ratios.clear()
+        self._one = None
         self._context = np.asarray(context, np.int64)
         self.last_choice = None
         offers: list[tuple[Member, DraftTree]] = []
