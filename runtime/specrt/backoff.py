@@ -1,8 +1,9 @@
 """Back-off that never lets a model-free drafter lose to plain decoding: verify only what pays.
 
-A verify pass over s positions costs c(s) (``VerifyCostModel``, measured per window size) and
-emits 1 + a tokens, a = accepted draft tokens; a plain step costs c(1) and emits one. A drafter
-proposes a tree; the controller verifies it cut to the depth k that maximises tokens per second,
+A verify pass over s positions costs c(s) (``VerifyCostModel``, measured per window size, at the
+request's cached length) and emits 1 + a tokens, a = accepted draft tokens; a plain step costs
+c(1) and emits one. A drafter proposes a tree; the controller verifies it cut to the depth k that
+maximises tokens per second,
 
     k* = argmax_k (1 + E[min(m, k)]) / c(n_k + 1),    E[min(m, k)] = sum_{d <= k} P(m >= d)
 
@@ -30,7 +31,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from specrt.cost import VerifyCostModel, default_cost_ratio
+from specrt.cost import CostCurve, default_cost_ratio
 from specrt.tree import DraftTree
 
 
@@ -59,7 +60,7 @@ class Backoff:
     """Per request: :meth:`choose` the part of each proposal to verify; :meth:`observe_context`
     scores past proposals once the request has emitted the tokens they predicted."""
 
-    def __init__(self, cost: VerifyCostModel, decay: float = 0.7, max_depth: int = 64):
+    def __init__(self, cost: CostCurve, decay: float = 0.7, max_depth: int = 64):
         if not 0.0 <= decay < 1.0:
             raise ValueError(f"decay must be in [0, 1), got {decay}")
         self.cost = cost
@@ -69,7 +70,7 @@ class Backoff:
         self.held_back = 0  # proposals cut to nothing (a plain step ran)
         self._pending: list[_Pending] = []
 
-    def carried_over(self, cost: VerifyCostModel | None = None) -> Backoff:
+    def carried_over(self, cost: CostCurve | None = None) -> Backoff:
         """A fresh controller for the next request that starts from this one's estimate, on ``cost``
         (None: the same cost model)."""
         nxt = Backoff(self.cost if cost is None else cost, self.decay, len(self.reach) - 1)

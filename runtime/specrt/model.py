@@ -53,7 +53,7 @@ from specrt.backend.session import DecoderSession, OrtDecoder
 from specrt.backend.verdict import SELF_CHECK_PROMPTS, Verdict, covers
 from specrt.cancel import CancelToken
 from specrt.chat import ChatRenderer, Message, messages
-from specrt.cost import VerifyCostModel
+from specrt.cost import AtContext, VerifyCostModel
 from specrt.drafters import (
     DEFAULT_METHOD,
     METHODS,
@@ -148,13 +148,13 @@ class SharedCostModel(VerifyCostModel):
         super().__init__(decay)
         self._lock = threading.Lock()
 
-    def record(self, s: int, seconds: float) -> None:
+    def record(self, s: int, seconds: float, past: int = 0) -> None:
         with self._lock:
-            super().record(s, seconds)
+            super().record(s, seconds, past)
 
-    def estimate(self, s: int) -> float:
+    def estimate(self, s: int, past: int | None = None) -> float:
         with self._lock:
-            return super().estimate(s)
+            return super().estimate(s, past)
 
 
 class _Lease:
@@ -385,11 +385,13 @@ class SpecModel:
             self._warn_unsafe()
 
         lease = self._borrow(method if isinstance(method, str) else None)
+        here = AtContext(self.verify_cost)  # the verify cost at this request's cached length (the loop sets it)
         try:
             acceptance = "sd"  # a Drafter instance's drafts sampled from a q: recursive rejection sampling
             if isinstance(method, (str, Method)):
                 with self._factory_lock:
-                    env = self._env(tree, shared=lease.state_lock is not None, sampling=config.sampling, seed=seed)
+                    env = self._env(tree, shared=lease.state_lock is not None, sampling=config.sampling, seed=seed,
+                                    here=here)
                     drafter = make_drafter(method, env) if isinstance(method, str) else method.make(env)
                 acceptance = (METHODS[method] if isinstance(method, str) else method).accept
             else:
@@ -401,6 +403,7 @@ class SpecModel:
                 lease.decoder, drafter, self.manifest.eos_token_ids, config, self.verify_cost, method=label,
                 backoff_from=self.drafter_state.get(backoff_key) if backoff_key else None,
                 prefix_cache=self.prefix_cache, blas=self.blas, cancel=cancel, acceptance=acceptance, images=images,
+                here=here,
             )
         except BaseException:
             lease.release()
@@ -505,9 +508,12 @@ class SpecModel:
         return OrtDraftModel(self.draft_graph.decoder())
 
     def _env(
-        self, tree: bool, *, shared: bool, sampling: SamplingParams | None = None, seed: int | None = None
+        self, tree: bool, *, shared: bool, sampling: SamplingParams | None = None, seed: int | None = None,
+        here: AtContext | None = None,
     ) -> DrafterEnv:
-        """The drafter environment; ``shared=False``: a private state that shares only the loaded datastores."""
+        """The drafter environment; ``shared=False``: a private state that shares only the loaded datastores.
+        ``here``: the request's view of the verify cost, at its cached length (None: estimates at the
+        lengths measured)."""
         if shared:
             state = self.drafter_state
         else:
@@ -517,7 +523,7 @@ class SpecModel:
             tree=tree,
             state=state,
             datastore=self.datastore,
-            verify_cost=self.verify_cost.estimate,
+            verify_cost=self.verify_cost.estimate if here is None else here.estimate,
             tokenizer_sha256=self.manifest.files[self.manifest.tokenizer].sha256,
             sampling=sampling,
             seed=seed,

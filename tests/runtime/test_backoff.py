@@ -93,10 +93,10 @@ class Fixed:
 class LinearCost(VerifyCostModel):
     """Window costs that do not depend on the machine's load: c(s) = 1 + 0.2 (s - 1)."""
 
-    def record(self, s: int, seconds: float) -> None:
+    def record(self, s: int, seconds: float, past: int = 0) -> None:
         pass
 
-    def estimate(self, s: int) -> float:
+    def estimate(self, s: int, past: int | None = None) -> float:
         return 1.0 + 0.2 * (s - 1)
 
 
@@ -132,6 +132,35 @@ def test_a_drafter_that_matches_gets_verified_after_its_held_drafts_prove_it(ste
     assert 0 < loop.stats.held_back <= 4  # held until the first held draft's 4 tokens were emitted
     assert loop.stats.accepted == loop.stats.drafted > 0
     assert loop.stats.steps < len(base) - 1  # fewer passes than plain decoding
+
+
+class SpyCost(LinearCost):
+    """LinearCost that keeps every pass recorded and every cached length an estimate was asked at."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.passes: list[tuple[int, int]] = []  # (window size, cached positions before it)
+        self.asked: list[int | None] = []
+
+    def record(self, s: int, seconds: float, past: int = 0) -> None:
+        self.passes.append((s, past))
+
+    def estimate(self, s: int, past: int | None = None) -> float:
+        self.asked.append(past)
+        return super().estimate(s, past)
+
+
+@pytest.mark.parametrize("method", ["pld", "auto"])
+def test_windows_are_recorded_and_priced_at_the_request_s_cached_length(model, monkeypatch, method):
+    spy = SpyCost()
+    monkeypatch.setattr(model, "verify_cost", spy)
+    ids = model.encode(PROMPTS[0])
+    _, loop = model.generate_ids(ids, method=method, max_new_tokens=20)
+    pasts = [past for _, past in spy.passes]
+    assert len(spy.passes) == loop.stats.steps and pasts[0] == len(ids)  # the prompt is cached before the first
+    emitted = [length + 1 for length in loop.stats.accepted_lengths]  # each step: its accepted drafts + 1
+    assert np.diff(pasts).tolist() == emitted[:-1]
+    assert spy.asked and set(spy.asked) <= set(pasts)  # the back-off and auto price windows where the request is
 
 
 @pytest.mark.parametrize("method, options, on", [

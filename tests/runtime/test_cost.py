@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from specrt.cost import DEFAULT_SLOPE, VerifyCostModel, nondecreasing
+from specrt.cost import DEFAULT_SLOPE, MIN_SHIFTED_SHARE, AtContext, VerifyCostModel, nondecreasing
 
 
 def test_nothing_measured_is_zero():
@@ -92,3 +92,73 @@ def test_an_unmeasured_size_stays_between_the_measured_sizes_around_it():
     assert cost.estimate(5) == pytest.approx(0.030)  # never below the window of 2
     cost.record(6, 0.030)
     assert cost.estimate(3) == pytest.approx(0.030)  # between 2 and 6, both 0.030
+
+
+def _pass_seconds(s: int, past: int) -> float:
+    """A machine whose pass costs 10 ms + 2 ms per extra row, plus attention: 4 us per cached
+    position for the first row and 1.5 us for each further row."""
+    return 0.010 + 0.002 * (s - 1) + (4e-6 + 1.5e-6 * (s - 1)) * past
+
+
+def test_attention_slopes_are_recovered_from_passes_at_varied_cached_lengths():
+    cost = VerifyCostModel()
+    for past in (100, 900, 300, 1200, 150, 700, 1000, 250):
+        for s in (1, 4, 8):
+            cost.record(s, _pass_seconds(s, past), past)
+    first, further = cost.attention_slopes()
+    assert first == pytest.approx(4e-6) and further == pytest.approx(1.5e-6)
+    for past in (50, 600, 2000):  # every measured size, at any cached length
+        for s in (1, 4, 8):
+            assert cost.estimate(s, past) == pytest.approx(_pass_seconds(s, past))
+    assert cost.estimate(4) == pytest.approx(cost.estimate(4, None))  # no length: the size's mean as it stands
+
+
+def test_a_request_after_long_contexts_prices_its_windows_at_its_own_length():
+    # the sizes a short request rarely uses were last measured after a long document: their means
+    # hold that document's attention until the shift takes it out
+    cost = VerifyCostModel()
+    for past in (900, 1000, 1100, 950):
+        for s in (1, 5):
+            cost.record(s, _pass_seconds(s, past), past)
+    for past in (100, 110, 120):  # the short request's single steps
+        cost.record(1, _pass_seconds(1, past), past)
+    assert cost.estimate(5, 120) == pytest.approx(_pass_seconds(5, 120))
+    assert cost.estimate(5) == pytest.approx(_pass_seconds(5, 987.5))  # unshifted: the long document's mean
+    assert cost.estimate(5, 120) / cost.estimate(1, 120) < cost.estimate(5, 1000) / cost.estimate(1, 1000)
+
+
+def test_one_window_size_gives_one_slope_for_every_row_and_no_spread_gives_none():
+    cost = VerifyCostModel()
+    for past in (100, 500, 300):
+        cost.record(1, 0.010 + 4e-6 * past, past)
+    assert cost.attention_slopes() == pytest.approx((4e-6, 4e-6))
+    flat = VerifyCostModel()
+    for _ in range(3):
+        flat.record(1, 0.010, 400)
+        flat.record(4, 0.016, 400)
+    assert flat.attention_slopes() == (0.0, 0.0)
+    assert flat.estimate(4, 2000) == pytest.approx(0.016)  # nothing to shift by
+
+
+def test_a_slope_fitted_on_noise_never_makes_a_pass_nearly_free():
+    cost = VerifyCostModel()
+    for past, seconds in ((100, 0.010), (1000, 0.050), (120, 0.011), (980, 0.049)):
+        cost.record(1, seconds, past)
+    cost.record(4, 0.030, 1000)
+    assert cost.estimate(4, 0) >= MIN_SHIFTED_SHARE * 0.030
+    assert cost.estimate(1, 0) >= MIN_SHIFTED_SHARE * cost.estimate(1)
+
+
+def test_a_request_s_view_estimates_at_its_cached_length_of_the_moment():
+    cost = VerifyCostModel()
+    for past in (100, 900, 300):
+        cost.record(1, _pass_seconds(1, past), past)
+    view = AtContext(cost, 200)
+    assert view.estimate(1) == pytest.approx(_pass_seconds(1, 200))
+    view.past = 800  # the request's loop moves it on
+    assert view.estimate(1) == pytest.approx(_pass_seconds(1, 800))
+
+
+def test_bad_slope_decay():
+    with pytest.raises(ValueError, match="slope_decay"):
+        VerifyCostModel(slope_decay=1.0)

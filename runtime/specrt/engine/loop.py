@@ -30,7 +30,7 @@ from specrt.backend.session import OrtDecoder
 from specrt.backend.window import fit_window, flatten
 from specrt.backoff import Backoff
 from specrt.cancel import CancelToken
-from specrt.cost import VerifyCostModel
+from specrt.cost import AtContext, VerifyCostModel
 from specrt.drafters import Drafter, Feedback
 from specrt.engine.accept import Verifier
 from specrt.engine.prefix_cache import PrefixCache, PrefixEntry
@@ -170,6 +170,7 @@ class SpeculativeLoop:
         cancel: CancelToken | None = None,  # checked before each prefill pass and verify step (specrt.cancel)
         acceptance: str = "sd",  # the accept rule of drafts sampled from a q (the method's registry entry)
         images: PromptImages | None = None,  # a vision-language prompt's image rows (specrt.backend.prefill)
+        here: AtContext | None = None,  # ``cost`` at this request's cached length (None: a view of its own)
     ):
         self.cancel = cancel
         self.images = images
@@ -185,8 +186,12 @@ class SpeculativeLoop:
             cost = VerifyCostModel()  # the back-off needs measured costs: this request's own
         self.cost = cost
         self.backoff: Backoff | None = None
+        # windows priced at this request's cached length, set before each step (the request's
+        # drafters read the same view through their env's verify_cost)
+        self.here = here if here is not None or cost is None else AtContext(cost)
         if config.backoff:
-            self.backoff = backoff_from.carried_over() if backoff_from is not None else Backoff(cost)
+            assert self.here is not None
+            self.backoff = backoff_from.carried_over(self.here) if backoff_from is not None else Backoff(self.here)
         self.rng = np.random.default_rng(config.seed)
         self.verifier = Verifier(acceptance)  # every window's walk (specrt.engine.accept)
         self.stats = LoopStats()
@@ -307,6 +312,8 @@ class SpeculativeLoop:
             remaining = self._limit - stats.new_tokens
             # never draft beyond what can still be emitted or cached (the root needs one slot)
             budget = min(cfg.draft_budget, remaining - 1, self.decoder.capacity - self.decoder.past - 1)
+            if self.here is not None:
+                self.here.past = self.decoder.past
             t = time.perf_counter()
             tree = DraftTree.empty()
             if budget > 0:
@@ -319,13 +326,14 @@ class SpeculativeLoop:
                 tree = fit_window(tree, self.decoder.past, self.decoder.graph.key_block)
             stats.draft_s += time.perf_counter() - t
 
-            window = flatten(int(context[-1]), tree, self.decoder.past)
+            past = self.decoder.past
+            window = flatten(int(context[-1]), tree, past)
             t = time.perf_counter()
             out = self.decoder.forward(window.input_ids, window.position_ids, window.attention_bias)
             elapsed = time.perf_counter() - t
             stats.verify_s += elapsed
             if self.cost is not None:
-                self.cost.record(len(window.input_ids), elapsed)
+                self.cost.record(len(window.input_ids), elapsed, past)
             walk = self.verifier.verify(tree, out.logits, self.config.sampling, self.rng)
             self.decoder.commit(np.concatenate([[0], walk.path + 1]))
 
