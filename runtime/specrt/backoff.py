@@ -49,6 +49,14 @@ def matched_length(tree: DraftTree, following: np.ndarray) -> int:
     return best
 
 
+def _ratio(one: float, window: float, s: int) -> float:
+    """c(s) / c(1) from the seconds of a single step and of the window of ``s``; the default slope
+    where either is not measured."""
+    if one > 0 and window > 0:
+        return max(window / one, 1.0)  # a window does more work than one step: less is timing noise
+    return default_cost_ratio(s)
+
+
 @dataclass(frozen=True)
 class _Pending:
     tree: DraftTree  # as proposed, before any cut
@@ -79,22 +87,13 @@ class Backoff:
 
     def cost_ratio(self, s: int) -> float:
         """c(s) / c(1), measured where possible; before any measurement the cost model's default slope."""
-        one, window = self.cost.estimate(1), self.cost.estimate(s)
-        if one > 0 and window > 0:
-            return max(window / one, 1.0)  # a window does more work than one step: less is timing noise
-        return default_cost_ratio(s)
+        return _ratio(self.cost.estimate(1), self.cost.estimate(s), s)
 
     def cost_ratios(self, n: int) -> list[float]:
-        """[n] :meth:`cost_ratio` of s = 1 .. n, in one pass over the cost model (Python floats: n is
-        a budget of a few dozen at most, and callers index it per depth)."""
+        """[n] :meth:`cost_ratio` of s = 1 .. n, reading c(1) once (Python floats: n is a budget of a
+        few dozen at most, and callers index it per depth)."""
         one = self.cost.estimate(1)
-        if one <= 0:
-            return [default_cost_ratio(s) for s in range(1, n + 1)]
-        ratios = []
-        for s in range(1, n + 1):
-            window = self.cost.estimate(s)
-            ratios.append(max(window / one, 1.0) if window > 0 else default_cost_ratio(s))
-        return ratios
+        return [_ratio(one, self.cost.estimate(s), s) for s in range(1, n + 1)]
 
     def expected_accepted(self, depth: int) -> float:
         """E[min(m, depth)]: accepted tokens of a proposal cut to ``depth``."""

@@ -154,15 +154,12 @@ class Auto:
         self.last_choice: str | None = None  # the member whose tree the last step verified
         self._context = np.zeros(0, np.int64)  # [t] the context after the last step
         self._ratios: dict[int, list[float]] = {}  # id of a cost model -> its cost ratios, this step
-        self._one: float | None = None  # c(1) in seconds, this step (read at its first use)
 
     # -- costs, in single steps (c(1) = 1)
 
     def drafting_cost(self, member: Member, drafted: int) -> float:
         """What one proposal of ``drafted`` tokens by ``member`` costs, in single steps."""
-        one = self._one
-        if one is None:
-            one = self._one = self.cost.estimate(1)  # once a step: the engine's estimate takes a lock
+        one = self.cost.estimate(1)
         if self.config.timed and member.propose_s is not None and one > 0:
             return member.propose_s / one
         return member.token_cost * drafted
@@ -212,7 +209,6 @@ class Auto:
         if isinstance(self.cost, MeasuredCost):
             self.cost.new_step()
         self._ratios.clear()
-        self._one = None
         self._context = np.asarray(context, np.int64)
         self.last_choice = None
         offers: list[tuple[Member, DraftTree]] = []

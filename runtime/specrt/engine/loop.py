@@ -311,9 +311,10 @@ class SpeculativeLoop:
             t_step = time.perf_counter()
             remaining = self._limit - stats.new_tokens
             # never draft beyond what can still be emitted or cached (the root needs one slot)
-            budget = min(cfg.draft_budget, remaining - 1, self.decoder.capacity - self.decoder.past - 1)
+            past = self.decoder.past  # cached positions before this step's window
+            budget = min(cfg.draft_budget, remaining - 1, self.decoder.capacity - past - 1)
             if self.here is not None:
-                self.here.past = self.decoder.past
+                self.here.past = past
             t = time.perf_counter()
             tree = DraftTree.empty()
             if budget > 0:
@@ -326,7 +327,6 @@ class SpeculativeLoop:
                 tree = fit_window(tree, self.decoder.past, self.decoder.graph.key_block)
             stats.draft_s += time.perf_counter() - t
 
-            past = self.decoder.past
             window = flatten(int(context[-1]), tree, past)
             t = time.perf_counter()
             out = self.decoder.forward(window.input_ids, window.position_ids, window.attention_bias)
